@@ -1,0 +1,308 @@
+//! # oxccl-transport: the transport contract
+//!
+//! This small crate is what every oxccl transport implements and what the core crate drives.
+//! It holds:
+//! - [`Error`]/[`ErrorKind`], the one error type of oxccl (re-exported by `oxccl`);
+//! - [`Header`], the frame header every message carries (communicator, sequence number and
+//!   fingerprint, so a mismatch is detected where it arrives);
+//! - the connection traits [`SendConn`]/[`RecvConn`] and the factory trait [`Transport`];
+//! - [`wait`], doorbells and `poll(2)` so that waits block instead of spinning;
+//! - [`proof`], the secret-keyed connection proof every transport uses.
+//!
+//! ## The contract
+//! A transport is chosen per peer pair with [`Transport::can_connect`]. The receiving side calls
+//! [`Transport::setup_recv`], which allocates what the receiver owns and returns an opaque blob; the
+//! blob travels to the sender over the bootstrap store; the sender calls
+//! [`Transport::connect_send`] with it; finally the receiver calls [`PendingRecv::accept`].
+//!
+//! A connection is a FIFO of messages of at most [`SendConn::max_message`] bytes, used in a
+//! non-blocking post/test style, like NCCL's primitives over connection FIFOs:
+//! - send: [`SendConn::reserve`] a slot (or learn there is none yet), write into it, then
+//!   [`SendConn::commit`] it with its header; [`SendConn::progress`] pushes data out and
+//!   [`SendConn::pending`] tells whether anything is still unflushed;
+//! - receive: [`RecvConn::peek`] the next message (or learn there is none yet), read it in
+//!   place, then [`RecvConn::consume`] it.
+//!
+//! Reading and writing in place lets the executor reduce straight from a peer's shared-memory slot
+//! into the next peer's slot (NCCL's fused recvReduceSend) with no intermediate copy.
+//! Nothing blocks: to sleep, the executor asks each connection to [`SendConn::arm`] /
+//! [`RecvConn::arm`], which returns what to poll (or `None` if it became ready meanwhile), and
+//! then calls [`wait::wait_any`].
+//!
+//! Optional capabilities (one-sided put into registered memory, device memory) are reported in
+//! [`Caps`]; transports that lack them return [`ErrorKind::Unavailable`] from the optional calls.
+//!
+//! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write), each with a
+//! `// SAFETY:` comment.
+
+mod error;
+pub mod wait;
+
+pub use error::{Error, ErrorKind, Result};
+use std::time::Instant;
+
+/// Bytes of an encoded [`Header`].
+pub const HEADER_BYTES: usize = 40;
+/// Magic (and version) of every frame header.
+pub const HEADER_MAGIC: u32 = 0x0CC1_0001;
+
+/// Header of every message on every transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
+    /// Payload length in bytes.
+    pub len: u32,
+    /// Communicator id (a hash of its namespace).
+    pub comm: u64,
+    /// The communicator's operation sequence number.
+    pub seq: u64,
+    /// Fingerprint of (op, type, count, root, reduce op) of the operation.
+    pub fingerprint: u64,
+    /// Index of the message within the operation on this connection.
+    pub step: u32,
+    /// Flags (reserved; 0).
+    pub flags: u32,
+}
+
+impl Header {
+    /// Encode little-endian.
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.comm.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.fingerprint.to_le_bytes());
+        b[32..36].copy_from_slice(&self.step.to_le_bytes());
+        b[36..40].copy_from_slice(&self.flags.to_le_bytes());
+        b
+    }
+    /// Decode, rejecting a wrong magic/version or a payload longer than `max_len`.
+    pub fn decode(b: &[u8], max_len: usize) -> Result<Header> {
+        if b.len() < HEADER_BYTES {
+            return Err(Error::remote(format!(
+                "short frame header: {} bytes",
+                b.len()
+            )));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let magic = u32_at(0);
+        if magic != HEADER_MAGIC {
+            return Err(Error::remote(format!(
+                "bad frame magic/version {magic:#010x} (expected {HEADER_MAGIC:#010x})"
+            )));
+        }
+        let h = Header {
+            len: u32_at(4),
+            comm: u64_at(8),
+            seq: u64_at(16),
+            fingerprint: u64_at(24),
+            step: u32_at(32),
+            flags: u32_at(36),
+        };
+        if h.len as usize > max_len {
+            return Err(Error::remote(format!(
+                "frame length {} exceeds the connection's maximum {max_len}",
+                h.len
+            )));
+        }
+        Ok(h)
+    }
+}
+
+/// What a rank tells its peers about itself at init.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Rank in the communicator.
+    pub rank: usize,
+    /// Host identity (hash of hostname and boot id, or `OXCCL_HOSTID`).
+    pub host_id: u64,
+    /// Process id.
+    pub pid: u32,
+    /// Host name, for messages.
+    pub hostname: String,
+    /// IP address data connections to this rank should use.
+    pub ip: std::net::IpAddr,
+}
+
+impl PeerInfo {
+    /// Encode as bytes for the bootstrap store.
+    pub fn encode(&self) -> Vec<u8> {
+        format!(
+            "{}\t{}\t{}\t{}\t{}",
+            self.rank, self.host_id, self.pid, self.ip, self.hostname
+        )
+        .into_bytes()
+    }
+    /// Decode what [`PeerInfo::encode`] wrote.
+    pub fn decode(b: &[u8]) -> Result<PeerInfo> {
+        let bad = || Error::remote("malformed peer info in the bootstrap store");
+        let s = std::str::from_utf8(b).map_err(|_| bad())?;
+        let mut it = s.splitn(5, '\t');
+        let mut next = || it.next().ok_or_else(bad);
+        Ok(PeerInfo {
+            rank: next()?.parse().map_err(|_| bad())?,
+            host_id: next()?.parse().map_err(|_| bad())?,
+            pid: next()?.parse().map_err(|_| bad())?,
+            ip: next()?.parse().map_err(|_| bad())?,
+            hostname: next()?.to_string(),
+        })
+    }
+}
+
+/// Optional capabilities of a transport.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// One-sided put into registered remote memory with a remote key.
+    pub one_sided_put: bool,
+    /// Can move device (GPU) memory.
+    pub device_memory: bool,
+}
+
+/// What every transport instance of a communicator knows.
+#[derive(Debug, Clone)]
+pub struct TransportCtx {
+    /// This rank.
+    pub rank: usize,
+    /// Communicator size.
+    pub nranks: usize,
+    /// Communicator id (hash of its namespace).
+    pub comm_id: u64,
+    /// The job secret every connection proves it knows.
+    pub secret: [u8; 32],
+    /// Everyone's info, indexed by rank.
+    pub peers: Vec<PeerInfo>,
+}
+
+/// The sending half of a connection: a FIFO of messages with in-place slots.
+pub trait SendConn: Send {
+    /// Largest payload of one message.
+    fn max_message(&self) -> usize;
+    /// A writable slot of [`SendConn::max_message`] bytes for the next message, or `None` while the
+    /// FIFO is full. Calling it again before `commit` returns the same slot.
+    fn reserve(&mut self) -> Result<Option<&mut [u8]>>;
+    /// Publish the reserved slot; `header.len` bytes of it are the payload.
+    fn commit(&mut self, header: Header) -> Result<()>;
+    /// Push committed data towards the peer without blocking.
+    fn progress(&mut self) -> Result<()>;
+    /// Whether committed data is still waiting to leave this process.
+    fn pending(&self) -> bool;
+    /// Prepare to sleep until there is room or data can be flushed. Returns the source to poll,
+    /// or `None` if progress is possible right now.
+    fn arm(&mut self) -> Result<Option<wait::WaitSource>>;
+    /// Undo [`SendConn::arm`] after waking.
+    fn disarm(&mut self);
+}
+
+/// The receiving half of a connection.
+pub trait RecvConn: Send {
+    /// The next message, if it has fully arrived: its header and payload, readable in place.
+    fn peek(&mut self) -> Result<Option<(Header, &[u8])>>;
+    /// Release the message returned by the last `peek`.
+    fn consume(&mut self) -> Result<()>;
+    /// Prepare to sleep until a message arrives. Returns the source to poll, or `None` if one is
+    /// already there.
+    fn arm(&mut self) -> Result<Option<wait::WaitSource>>;
+    /// Undo [`RecvConn::arm`] after waking.
+    fn disarm(&mut self);
+}
+
+/// A receive side that has published its setup blob and waits for the sender.
+pub trait PendingRecv: Send {
+    /// Complete the connection once the sender has connected (bounded by `deadline`).
+    fn accept(self: Box<Self>, deadline: Instant) -> Result<Box<dyn RecvConn>>;
+}
+
+/// A transport: a factory of connections between two ranks.
+pub trait Transport: Send + Sync {
+    /// Name used in logs (`SHM`, `NET/Socket`).
+    fn name(&self) -> &'static str;
+    /// Optional capabilities.
+    fn caps(&self) -> Caps {
+        Caps::default()
+    }
+    /// Whether this transport can connect `me` to `peer`.
+    fn can_connect(&self, me: &PeerInfo, peer: &PeerInfo) -> bool;
+    /// Receiving side, step 1: allocate what the receiver owns; returns the blob for the sender.
+    fn setup_recv(&self, peer: usize) -> Result<(Box<dyn PendingRecv>, Vec<u8>)>;
+    /// Sending side: connect using the receiver's blob.
+    fn connect_send(&self, peer: usize, blob: &[u8], deadline: Instant) -> Result<Box<dyn SendConn>>;
+    /// One-sided put (optional capability).
+    fn put(&self, _peer: usize, _remote_key: u64, _offset: usize, _data: &[u8]) -> Result<()> {
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("transport {} does not support one-sided put", self.name()),
+        ))
+    }
+}
+
+/// The proof that a connection knows the job secret: a keyed BLAKE3 hash of a context string
+/// (which names the purpose and carries a fresh token, so proofs are not reusable elsewhere).
+pub fn proof(secret: &[u8; 32], context: &[u8]) -> [u8; 32] {
+    *blake3::keyed_hash(secret, context).as_bytes()
+}
+
+/// Constant-time check of a proof.
+pub fn verify_proof(secret: &[u8; 32], context: &[u8], claimed: &[u8]) -> bool {
+    if claimed.len() != 32 {
+        return false;
+    }
+    let mut c = [0u8; 32];
+    c.copy_from_slice(claimed);
+    blake3::keyed_hash(secret, context) == blake3::Hash::from(c)
+}
+
+/// Fill a buffer with OS randomness (`/dev/urandom`).
+pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| Error::system("reading /dev/urandom", &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_roundtrip_and_rejects() {
+        let h = Header {
+            len: 77,
+            comm: 1,
+            seq: 2,
+            fingerprint: 3,
+            step: 4,
+            flags: 0,
+        };
+        let b = h.encode();
+        assert_eq!(Header::decode(&b, 100).unwrap(), h);
+        assert!(Header::decode(&b, 76).is_err(), "oversized length");
+        assert!(Header::decode(&b[..39], 100).is_err(), "short");
+        let mut bad = b;
+        bad[0] ^= 1;
+        assert!(Header::decode(&bad, 100).is_err(), "bad magic");
+    }
+
+    #[test]
+    fn peer_info_roundtrip() {
+        let p = PeerInfo {
+            rank: 3,
+            host_id: u64::MAX,
+            pid: 42,
+            hostname: "a\tb".into(),
+            ip: "10.0.0.1".parse().unwrap(),
+        };
+        assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
+        assert!(PeerInfo::decode(b"x\ty").is_err());
+    }
+
+    #[test]
+    fn proofs() {
+        let s = [7u8; 32];
+        let p = proof(&s, b"ctx");
+        assert!(verify_proof(&s, b"ctx", &p));
+        assert!(!verify_proof(&s, b"ctx2", &p));
+        assert!(!verify_proof(&[8u8; 32], b"ctx", &p));
+        assert!(!verify_proof(&s, b"ctx", &p[..31]));
+    }
+}

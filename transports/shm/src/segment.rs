@@ -1,0 +1,173 @@
+//! A shared memory segment (memfd) and the ring layout inside it. All `unsafe` of this crate is here.
+
+use oxccl_transport::{Error, Result};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// Offsets inside the segment. Producer and consumer fields live on separate cache lines.
+pub const OFF_HEAD: usize = 0; // u64, written by the sender
+pub const OFF_SENDER_WAITING: usize = 8; // u32
+pub const OFF_TAIL: usize = 64; // u64, written by the receiver
+pub const OFF_RECEIVER_WAITING: usize = 72; // u32
+pub const OFF_MAGIC: usize = 128; // u32
+pub const OFF_ATTACHED: usize = 132; // u32: sender mapped it
+pub const OFF_SENDER_PID: usize = 136; // u32
+pub const OFF_SENDER_DOORBELL: usize = 140; // u32 (fd number in the sender's process)
+pub const OFF_SENDER_CLOSED: usize = 144; // u32
+pub const OFF_RECEIVER_CLOSED: usize = 148; // u32
+pub const OFF_SLOT_HEADERS: usize = 256; // nslots * 64 bytes
+/// Stride of a slot header.
+pub const SLOT_HEADER_STRIDE: usize = 64;
+/// Where payloads start.
+pub const OFF_PAYLOAD: usize = 4096;
+/// Most slots that fit the header page.
+pub const MAX_SLOTS: usize = (OFF_PAYLOAD - OFF_SLOT_HEADERS) / SLOT_HEADER_STRIDE;
+/// Segment magic.
+pub const MAGIC: u32 = 0x0CC1_5400;
+
+/// A mapping of a memfd segment, unmapped on drop.
+pub struct Segment {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all cross-thread access goes through atomics or
+// through the SPSC protocol that gives each slot a single owner at a time.
+unsafe impl Send for Segment {}
+// SAFETY: as above; `&Segment` only hands out atomics and slices whose ownership the ring
+// protocol serialises.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Create an anonymous memfd of `len` bytes and map it; returns the mapping and the fd.
+    pub fn create(len: usize) -> Result<(Segment, OwnedFd)> {
+        let name = CString::new("oxccl-shm").unwrap();
+        // SAFETY: `name` is a valid NUL-terminated string.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::system(
+                "memfd_create for a shared-memory ring",
+                &std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: memfd_create returned a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on a valid fd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::system(
+                format!("sizing a shared-memory ring to {len} bytes (is memory exhausted?)"),
+                &e,
+            ));
+        }
+        let seg = Self::map(fd.as_raw_fd(), len)?;
+        Ok((seg, fd))
+    }
+
+    /// Open another process's memfd through `/proc/<pid>/fd/<fd>` and map it.
+    pub fn open(pid: u32, fd: i32, len: usize) -> Result<Segment> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| {
+                Error::system(
+                    format!(
+                        "opening peer's shared-memory segment {path} (peers on one host must be able to open each other's /proc/<pid>/fd; set NCCL_SHM_DISABLE=1 to use TCP)"
+                    ),
+                    &e,
+                )
+            })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::system("stat of a shared-memory segment", &e))?;
+        if (meta.len() as usize) < len {
+            return Err(Error::remote(format!(
+                "peer's shared-memory segment is {} bytes, expected {len}",
+                meta.len()
+            )));
+        }
+        Self::map(file.as_raw_fd(), len)
+    }
+
+    fn map(fd: RawFd, len: usize) -> Result<Segment> {
+        // SAFETY: mapping a valid fd of at least `len` bytes, shared, at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::system(
+                format!("mmap of a {len}-byte shared-memory ring"),
+                &std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(Segment {
+            ptr: p.cast(),
+            len,
+        })
+    }
+
+    /// A u64 atomic at `off` (8-aligned, inside the header page).
+    pub fn u64_at(&self, off: usize) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= OFF_PAYLOAD);
+        // SAFETY: in bounds and aligned (page-aligned mapping, 8-aligned offset); the memory lives
+        // as long as `self`, and is only accessed atomically at this offset.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+
+    /// A u32 atomic at `off` (4-aligned, inside the header page).
+    pub fn u32_at(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= OFF_PAYLOAD);
+        // SAFETY: as in `u64_at`.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+
+    /// Bytes `[off, off+len)`, read-only.
+    ///
+    /// The ring protocol guarantees that the other side does not write these bytes while the
+    /// caller holds the slice (the slot belongs to the reader between `peek` and `consume`).
+    pub fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds; exclusive ownership of the slot is given by the SPSC protocol.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
+    }
+
+    /// Bytes `[off, off+len)`, writable. `&mut self` makes the borrow unique on this side; the
+    /// ring protocol guarantees the peer does not touch the slot meanwhile.
+    pub fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds; unique on this side through `&mut self`; the peer does not access a
+        // slot the SPSC protocol gave to us.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping created in `map`; no borrow outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// Open a write end of a peer's doorbell (`/proc/<pid>/fd/<fd>`), non-blocking.
+pub fn open_doorbell(pid: u32, fd: i32) -> Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| Error::system(format!("opening peer's doorbell {path}"), &e))?;
+    Ok(OwnedFd::from(f))
+}
