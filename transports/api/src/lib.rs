@@ -55,12 +55,13 @@ pub struct Header {
     pub comm: u64,
     /// The communicator's operation sequence number.
     pub seq: u64,
-    /// Fingerprint of (op, type, count, root, reduce op) of the operation.
-    pub fingerprint: u64,
+    /// Fingerprint of the operation, part 1: its element count.
+    pub count: u64,
     /// Index of the message within the operation on this connection.
     pub step: u32,
-    /// Flags (reserved; 0).
-    pub flags: u32,
+    /// Fingerprint of the operation, part 2: (op, type, reduce op, root) packed by the core.
+    /// With `count` it identifies the call exactly, so a mismatch message can show both calls.
+    pub call: u32,
 }
 
 impl Header {
@@ -71,9 +72,9 @@ impl Header {
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
         b[8..16].copy_from_slice(&self.comm.to_le_bytes());
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        b[24..32].copy_from_slice(&self.fingerprint.to_le_bytes());
+        b[24..32].copy_from_slice(&self.count.to_le_bytes());
         b[32..36].copy_from_slice(&self.step.to_le_bytes());
-        b[36..40].copy_from_slice(&self.flags.to_le_bytes());
+        b[36..40].copy_from_slice(&self.call.to_le_bytes());
         b
     }
     /// Decode, rejecting a wrong magic/version or a payload longer than `max_len`.
@@ -96,9 +97,9 @@ impl Header {
             len: u32_at(4),
             comm: u64_at(8),
             seq: u64_at(16),
-            fingerprint: u64_at(24),
+            count: u64_at(24),
             step: u32_at(32),
-            flags: u32_at(36),
+            call: u32_at(36),
         };
         if h.len as usize > max_len {
             return Err(Error::remote(format!(
@@ -270,9 +271,9 @@ mod tests {
             len: 77,
             comm: 1,
             seq: 2,
-            fingerprint: 3,
+            count: 3,
             step: 4,
-            flags: 0,
+            call: 5,
         };
         let b = h.encode();
         assert_eq!(Header::decode(&b, 100).unwrap(), h);

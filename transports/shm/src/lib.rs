@@ -54,9 +54,9 @@ pub struct ShmTransport {
 impl ShmTransport {
     /// A transport for `ctx`'s rank.
     pub fn new(ctx: TransportCtx, cfg: ShmConfig) -> Result<Self> {
-        if cfg.slots == 0 || cfg.slots > MAX_SLOTS || cfg.slot_bytes == 0 || cfg.slot_bytes % 64 != 0 {
+        if cfg.slots < 2 || cfg.slots > MAX_SLOTS || cfg.slot_bytes == 0 || cfg.slot_bytes % 64 != 0 {
             return Err(Error::invalid_argument(format!(
-                "shm ring geometry {} slots x {} bytes: slots must be 1..={MAX_SLOTS}, bytes a non-zero multiple of 64",
+                "shm ring geometry {} slots x {} bytes: slots must be 2..={MAX_SLOTS} (a fused receive-and-send step holds one slot while it needs another), bytes a non-zero multiple of 64",
                 cfg.slots, cfg.slot_bytes
             )));
         }
@@ -125,7 +125,7 @@ impl Transport for ShmTransport {
         let slot_bytes = get_u64(blob, 3)? as usize;
         let peer_bell = get_u64(blob, 4)? as i32;
         let comm = get_u64(blob, 5)?;
-        if comm != self.ctx.comm_id || slots == 0 || slots > MAX_SLOTS || slot_bytes % 64 != 0 {
+        if comm != self.ctx.comm_id || slots < 2 || slots > MAX_SLOTS || slot_bytes % 64 != 0 {
             return Err(Error::remote("shm setup blob does not match this communicator").with_peer(peer));
         }
         let cfg = ShmConfig { slots, slot_bytes };

@@ -63,7 +63,8 @@ pub struct TcpTransport {
 
 impl TcpTransport {
     /// A transport that listens on `ip` (the selected interface's address).
-    pub fn new(ctx: TransportCtx, cfg: TcpConfig, ip: IpAddr) -> Self {
+    pub fn new(ctx: TransportCtx, mut cfg: TcpConfig, ip: IpAddr) -> Self {
+        cfg.slots = cfg.slots.max(2);
         TcpTransport {
             ctx,
             cfg,

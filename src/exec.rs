@@ -1,0 +1,519 @@
+//! The executor: drives schedules over connections.
+//!
+//! [`apply_step`] is the one data-path function: it resolves a step's slices in the user buffers
+//! and runs the fused copy/reduce kernel, reading the received message in place and writing
+//! straight into the send slot. The simulator's numeric mode calls the same function.
+//!
+//! [`OpRun`] is one operation's state machine; [`drive`] progresses a set of them (a group, or a
+//! single blocking call) until all finish: it polls each op as far as it can go, spins briefly
+//! when nothing moves, then arms every connection it waits on and sleeps in `poll(2)`.
+
+use crate::reduce::{combine, combine_inplace};
+use crate::schedule::{Buf, Fingerprint, Schedule, Slice, Step};
+use crate::types::{DataType, ReduceOp};
+use crate::{Error, Result};
+use oxccl_transport::wait::{wait_any, WaitSource};
+use oxccl_transport::{ErrorKind, Header, RecvConn, SendConn};
+use std::time::{Duration, Instant};
+
+/// The user buffers of one operation, in bytes.
+pub enum OpMem<'a> {
+    /// Separate input and output (either may be empty).
+    Split {
+        /// Send buffer.
+        input: &'a [u8],
+        /// Receive buffer.
+        output: &'a mut [u8],
+    },
+    /// One allocation holding both windows (NCCL's in-place forms).
+    InPlace {
+        /// The allocation.
+        buf: &'a mut [u8],
+        /// Byte offset of the input window.
+        in_off: usize,
+        /// Byte offset of the output window.
+        out_off: usize,
+    },
+}
+
+fn oob() -> Error {
+    Error::internal("schedule step outside the user buffer")
+}
+
+/// Run one step's data movement. `recv` is the received payload, `slot` the send slot.
+#[allow(clippy::too_many_arguments)]
+pub fn apply_step(
+    step: &Step,
+    dt: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    mem: &mut OpMem<'_>,
+    recv: Option<&[u8]>,
+    slot: Option<&mut [u8]>,
+) -> Result<()> {
+    let es = dt.size();
+    let len = step.count * es;
+    let post = step.post.then_some(nranks);
+    if recv.is_some_and(|r| r.len() != len) {
+        return Err(Error::internal("received message size does not match the step"));
+    }
+    let byte_range = |s: Slice| (s.buf, s.offset * es, s.offset * es + len);
+    match mem {
+        OpMem::Split { input, output } => {
+            let src = match step.src.map(byte_range) {
+                Some((Buf::Input, a, b)) => Some(input.get(a..b).ok_or_else(oob)?),
+                Some((Buf::Output, _, _)) => {
+                    return Err(Error::internal("schedule reads the output buffer"))
+                }
+                None => None,
+            };
+            match (step.dst.map(byte_range), slot) {
+                (Some((Buf::Output, a, b)), slot) => {
+                    let d = output.get_mut(a..b).ok_or_else(oob)?;
+                    combine(dt, op, d, recv, src, post);
+                    if let Some(s) = slot {
+                        s[..len].copy_from_slice(d);
+                    }
+                }
+                (Some((Buf::Input, _, _)), _) => {
+                    return Err(Error::internal("schedule writes the input buffer"))
+                }
+                (None, Some(s)) => combine(dt, op, &mut s[..len], recv, src, post),
+                (None, None) => {}
+            }
+        }
+        OpMem::InPlace { buf, in_off, out_off } => {
+            let abs = |s: Slice| {
+                let (b, x, y) = byte_range(s);
+                let base = if b == Buf::Input { *in_off } else { *out_off };
+                (base + x, base + y)
+            };
+            let src = step.src.map(abs);
+            if src.is_some_and(|(_, e)| e > buf.len()) {
+                return Err(oob());
+            }
+            match (step.dst.map(abs), slot) {
+                (Some((a, b)), slot) => {
+                    if b > buf.len() {
+                        return Err(oob());
+                    }
+                    match src {
+                        Some((sa, _)) if sa == a => combine_inplace(dt, op, &mut buf[a..b], recv, post),
+                        Some((sa, sb)) if sb <= a || sa >= b => {
+                            let (d, s) = if sb <= a {
+                                let (lo, hi) = buf.split_at_mut(a);
+                                (&mut hi[..len], &lo[sa..sb])
+                            } else {
+                                let (lo, hi) = buf.split_at_mut(sa);
+                                (&mut lo[a..b], &hi[..len])
+                            };
+                            combine(dt, op, d, recv, Some(s), post);
+                        }
+                        Some(_) => return Err(Error::internal("partially overlapping step slices")),
+                        None => combine(dt, op, &mut buf[a..b], recv, None, post),
+                    }
+                    if let Some(s) = slot {
+                        s[..len].copy_from_slice(&buf[a..b]);
+                    }
+                }
+                (None, Some(s)) => {
+                    let src = src.map(|(x, y)| &buf[x..y]);
+                    combine(dt, op, &mut s[..len], recv, src, post);
+                }
+                (None, None) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A communicator's connections, indexed by peer rank.
+#[derive(Default)]
+pub struct Conns {
+    /// Sending halves.
+    pub send: Vec<Option<Box<dyn SendConn>>>,
+    /// Receiving halves.
+    pub recv: Vec<Option<Box<dyn RecvConn>>>,
+}
+
+impl Conns {
+    /// Empty connection tables for `n` peers.
+    pub fn new(n: usize) -> Self {
+        Conns {
+            send: (0..n).map(|_| None).collect(),
+            recv: (0..n).map(|_| None).collect(),
+        }
+    }
+}
+
+/// What an op is blocked on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// Waiting for a message from this peer.
+    Recv(usize),
+    /// Waiting for room towards this peer.
+    Send(usize),
+}
+
+/// The running state of one operation on one rank.
+pub struct OpRun<'a> {
+    /// Index of the communicator in the `drive` call.
+    pub comm: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the communicator.
+    pub nranks: usize,
+    /// Communicator id (frame header).
+    pub comm_id: u64,
+    /// Sequence number (collective counter, or per-peer counter for point to point).
+    pub seq: u64,
+    /// What the operation is.
+    pub fp: Fingerprint,
+    /// The steps.
+    pub sched: Schedule,
+    /// Next step.
+    pub pc: usize,
+    /// Buffers.
+    pub mem: OpMem<'a>,
+    tx_idx: Vec<u32>,
+    rx_idx: Vec<u32>,
+    /// What the op waits on, if it is blocked.
+    pub blocked: Option<Blocked>,
+}
+
+impl<'a> OpRun<'a> {
+    /// A new op at step 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(comm: usize, rank: usize, nranks: usize, comm_id: u64, seq: u64, fp: Fingerprint, sched: Schedule, mem: OpMem<'a>) -> Self {
+        OpRun {
+            comm,
+            rank,
+            nranks,
+            comm_id,
+            seq,
+            fp,
+            sched,
+            pc: 0,
+            mem,
+            tx_idx: vec![0; nranks],
+            rx_idx: vec![0; nranks],
+            blocked: None,
+        }
+    }
+
+    /// Whether every step ran.
+    pub fn done(&self) -> bool {
+        self.pc >= self.sched.steps.len()
+    }
+
+    fn context(&self, e: Error) -> Error {
+        e.with_rank(self.rank).with_op(self.fp.to_string()).with_seq(self.seq)
+    }
+
+    /// Run as many steps as possible without blocking. Returns whether any step ran.
+    pub fn poll(&mut self, conns: &mut Conns) -> Result<bool> {
+        let mut progressed = false;
+        self.blocked = None;
+        while let Some(step) = self.sched.steps.get(self.pc).copied() {
+            match self.try_step(&step, conns) {
+                Ok(true) => {
+                    self.pc += 1;
+                    progressed = true;
+                }
+                Ok(false) => break,
+                Err(e) => return Err(self.context(e)),
+            }
+        }
+        Ok(progressed)
+    }
+
+    fn try_step(&mut self, step: &Step, conns: &mut Conns) -> Result<bool> {
+        let es = self.fp.dtype.size();
+        let Conns { send, recv } = conns;
+        let msg = match step.recv {
+            Some(p) => {
+                let c = recv[p]
+                    .as_mut()
+                    .ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
+                match c.peek().map_err(|e| e.with_peer(p))? {
+                    None => {
+                        self.blocked = Some(Blocked::Recv(p));
+                        return Ok(false);
+                    }
+                    Some((h, data)) => {
+                        self.check_header(&h, p, step.count * es)?;
+                        Some(data)
+                    }
+                }
+            }
+            None => None,
+        };
+        let slot = match step.send {
+            Some(q) => {
+                let c = send[q]
+                    .as_mut()
+                    .ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
+                if c.max_message() < step.count * es {
+                    return Err(Error::internal("step larger than the connection's messages"));
+                }
+                match c.reserve().map_err(|e| e.with_peer(q))? {
+                    None => {
+                        self.blocked = Some(Blocked::Send(q));
+                        return Ok(false);
+                    }
+                    Some(s) => Some(s),
+                }
+            }
+            None => None,
+        };
+        apply_step(step, self.fp.dtype, self.fp.op, self.nranks, &mut self.mem, msg, slot)?;
+        if let Some(q) = step.send {
+            let h = Header {
+                len: (step.count * es) as u32,
+                comm: self.comm_id,
+                seq: self.seq,
+                count: self.fp.count as u64,
+                step: self.tx_idx[q],
+                call: self.fp.call_word(),
+            };
+            self.tx_idx[q] += 1;
+            send[q].as_mut().unwrap().commit(h).map_err(|e| e.with_peer(q))?;
+        }
+        if let Some(p) = step.recv {
+            self.rx_idx[p] += 1;
+            recv[p].as_mut().unwrap().consume().map_err(|e| e.with_peer(p))?;
+        }
+        Ok(true)
+    }
+
+    fn check_header(&self, h: &Header, peer: usize, len: usize) -> Result<()> {
+        let call = self.fp.call_word();
+        if h.comm != self.comm_id || h.seq != self.seq || h.count != self.fp.count as u64 || h.call != call {
+            return Err(Error::invalid_usage(format!(
+                "mismatched operations: rank {} called {} (op #{}) but rank {peer} called {} (op #{}){}",
+                self.rank,
+                self.fp,
+                self.seq,
+                Fingerprint::describe_wire(h.count, h.call),
+                h.seq,
+                if h.comm != self.comm_id { " on another communicator" } else { "" }
+            ))
+            .with_peer(peer));
+        }
+        if h.step != self.rx_idx[peer] || h.len as usize != len {
+            return Err(Error::internal(format!(
+                "message {} of {} bytes from rank {peer}, expected message {} of {len} bytes",
+                h.step, h.len, self.rx_idx[peer]
+            ))
+            .with_peer(peer));
+        }
+        Ok(())
+    }
+}
+
+/// What [`drive`] needs from each communicator involved.
+pub trait DriveComm {
+    /// Run `f` with the communicator's connections (locking them as needed).
+    fn with_conns<R>(&self, f: impl FnOnce(&mut Conns) -> R) -> R;
+    /// Whether the communicator was aborted.
+    fn aborted(&self) -> bool;
+    /// A doorbell fd rung on abort.
+    fn abort_fd(&self) -> i32;
+    /// The rank, for messages.
+    fn rank(&self) -> usize;
+}
+
+/// Progress policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Busy-poll this long before blocking.
+    pub spin: Duration,
+    /// Give up at this instant.
+    pub deadline: Instant,
+}
+
+/// Drive `ops` until all are done and their sends flushed. Ops on the same connection run in
+/// list order (an op may only use a connection once every earlier op is done with it).
+pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
+    let uses: Vec<(Vec<usize>, Vec<usize>)> = ops.iter().map(|o| o.sched.peers()).collect();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let mut progressed = false;
+        let mut all_done = true;
+        for i in 0..ops.len() {
+            if ops[i].done() {
+                continue;
+            }
+            all_done = false;
+            // an earlier unfinished op on the same comm and connection goes first
+            let comm = ops[i].comm;
+            let conflict = (0..i).any(|j| {
+                !ops[j].done()
+                    && ops[j].comm == comm
+                    && (uses[j].0.iter().any(|p| uses[i].0.contains(p))
+                        || uses[j].1.iter().any(|p| uses[i].1.contains(p)))
+            });
+            if conflict {
+                continue;
+            }
+            let op = &mut ops[i];
+            progressed |= comms[comm].with_conns(|c| op.poll(c))?;
+        }
+        // flush, and find out whether anything is still in flight
+        let mut pending = false;
+        for (ci, c) in comms.iter().enumerate() {
+            let (_, tx) = peers_of(ops, &uses, ci);
+            c.with_conns(|conns| -> Result<()> {
+                for &q in &tx {
+                    if let Some(s) = conns.send[q].as_mut() {
+                        s.progress().map_err(|e| e.with_peer(q).with_rank(c.rank()))?;
+                        pending |= s.pending();
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        if all_done && !pending {
+            return Ok(());
+        }
+        for c in comms {
+            if c.aborted() {
+                return Err(Error::invalid_usage("communicator was aborted").with_rank(c.rank()));
+            }
+        }
+        if progressed {
+            idle_since = None;
+            continue;
+        }
+        let now = Instant::now();
+        let since = *idle_since.get_or_insert(now);
+        if now >= policy.deadline {
+            return Err(hang_report(comms, ops));
+        }
+        if now - since < policy.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        if now - since < policy.spin * 2 {
+            std::thread::yield_now();
+            continue;
+        }
+        block(comms, ops, &uses, policy)?;
+    }
+}
+
+fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], comm: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut rx = vec![];
+    let mut tx = vec![];
+    for (o, u) in ops.iter().zip(uses) {
+        if o.comm == comm {
+            rx.extend_from_slice(&u.0);
+            tx.extend_from_slice(&u.1);
+        }
+    }
+    rx.sort_unstable();
+    rx.dedup();
+    tx.sort_unstable();
+    tx.dedup();
+    (rx, tx)
+}
+
+/// Arm everything the ops wait on (their blocking peers, plus sends with unflushed data) and
+/// sleep until one is ready, or at most 500 ms so the deadline and abort are checked.
+fn block<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], policy: Policy) -> Result<()> {
+    let mut sources: Vec<WaitSource> = comms.iter().map(|c| WaitSource::doorbell(c.abort_fd())).collect();
+    let mut wanted: Vec<(usize, Blocked)> = vec![];
+    for o in ops.iter().filter(|o| !o.done()) {
+        if let Some(b) = o.blocked {
+            wanted.push((o.comm, b));
+        }
+    }
+    for (ci, c) in comms.iter().enumerate() {
+        let (_, tx) = peers_of(ops, uses, ci);
+        for q in tx {
+            if c.with_conns(|conns| conns.send[q].as_ref().is_some_and(|s| s.pending())) {
+                wanted.push((ci, Blocked::Send(q)));
+            }
+        }
+    }
+    wanted.sort_unstable_by_key(|&(ci, b)| (ci, matches!(b, Blocked::Send(_)), match b { Blocked::Recv(p) | Blocked::Send(p) => p }));
+    wanted.dedup();
+    let mut armed = vec![];
+    let mut ready = false;
+    for &(ci, b) in &wanted {
+        let r = comms[ci].with_conns(|conns| match b {
+            Blocked::Recv(p) => conns.recv[p].as_mut().map(|c| c.arm()),
+            Blocked::Send(q) => conns.send[q].as_mut().map(|c| c.arm()),
+        });
+        armed.push((ci, b));
+        match r {
+            Some(Ok(Some(src))) => sources.push(src),
+            Some(Ok(None)) => ready = true,
+            Some(Err(e)) => {
+                disarm(comms, &armed);
+                return Err(e.with_rank(comms[ci].rank()));
+            }
+            None => {}
+        }
+        if ready {
+            break;
+        }
+    }
+    if !ready {
+        let left = policy.deadline.saturating_duration_since(Instant::now());
+        wait_any(&sources, left.min(Duration::from_millis(500)))?;
+    }
+    disarm(comms, &armed);
+    Ok(())
+}
+
+fn disarm<C: DriveComm>(comms: &[&C], armed: &[(usize, Blocked)]) {
+    for &(ci, b) in armed {
+        comms[ci].with_conns(|conns| match b {
+            Blocked::Recv(p) => {
+                if let Some(c) = conns.recv[p].as_mut() {
+                    c.disarm()
+                }
+            }
+            Blocked::Send(q) => {
+                if let Some(c) = conns.send[q].as_mut() {
+                    c.disarm()
+                }
+            }
+        });
+    }
+}
+
+fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Error {
+    let mut parts = vec![];
+    for o in ops.iter().filter(|o| !o.done()) {
+        let what = match o.blocked {
+            Some(Blocked::Recv(p)) => format!("waiting for data from rank {p}"),
+            Some(Blocked::Send(q)) => format!("waiting for rank {q} to drain its receive buffer"),
+            None => "waiting for an earlier operation on the same connection".into(),
+        };
+        parts.push(format!(
+            "{} (op #{}) at step {}/{}: {what}",
+            o.fp,
+            o.seq,
+            o.pc,
+            o.sched.steps.len()
+        ));
+    }
+    if parts.is_empty() {
+        parts.push("all steps done, waiting for sends to flush".into());
+    }
+    let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
+    let mut e = Error::new(
+        ErrorKind::Timeout,
+        format!("operation timed out (OXCCL_TIMEOUT): {}", parts.join("; ")),
+    )
+    .with_rank(rank);
+    if let Some(o) = ops.iter().find(|o| !o.done()) {
+        e = e.with_op(o.fp.to_string()).with_seq(o.seq);
+        if let Some(Blocked::Recv(p) | Blocked::Send(p)) = o.blocked {
+            e = e.with_peer(p);
+        }
+    }
+    e
+}

@@ -1,0 +1,287 @@
+//! Host reductions: the fused copy/reduce kernel every schedule step runs.
+//!
+//! A step's value is `recv ⊕ pre(src)`, where either side may be absent, `pre` multiplies by the
+//! pre-multiplied-sum scalar, and `⊕` is the reduction op; with `post` the value is then divided by
+//! the rank count (avg). The value is written in one pass into the output. Loops are written so
+//! the compiler vectorises the common types; SIMD-specific kernels come with the performance work.
+
+use crate::types::{DataType, Element, ReduceOp, F8E4M3, F8E5M2};
+use std::borrow::Cow;
+
+fn typed<T: Element>(b: &[u8]) -> Cow<'_, [T]> {
+    match bytemuck::try_cast_slice::<u8, T>(b) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(
+            b.chunks_exact(std::mem::size_of::<T>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect(),
+        ),
+    }
+}
+
+fn with_typed_mut<T: Element>(b: &mut [u8], f: impl FnOnce(&mut [T])) {
+    match bytemuck::try_cast_slice_mut::<u8, T>(b) {
+        Ok(s) => f(s),
+        Err(_) => {
+            let mut tmp: Vec<T> = typed::<T>(b).into_owned();
+            f(&mut tmp);
+            b.copy_from_slice(bytemuck::cast_slice(&tmp));
+        }
+    }
+}
+
+#[inline(always)]
+fn binop<T: Element>(op: ReduceOp) -> fn(T, T) -> T {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => T::add,
+        ReduceOp::Prod => T::mul,
+        ReduceOp::Min => T::min,
+        ReduceOp::Max => T::max,
+    }
+}
+
+fn scalar<T: Element>(op: ReduceOp) -> Option<T> {
+    match op {
+        ReduceOp::PreMulSum(b) => Some(bytemuck::pod_read_unaligned(
+            &b[..std::mem::size_of::<T>()],
+        )),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn kernel<T: Element>(
+    op: ReduceOp,
+    out: &mut [T],
+    recv: Option<&[T]>,
+    src: Option<&[T]>,
+    src_is_out: bool,
+    post: Option<usize>,
+) {
+    let f = binop::<T>(op);
+    let s = scalar::<T>(op);
+    let n = out.len();
+    match (recv, src_is_out, src, s) {
+        // out = recv op src
+        (Some(r), false, Some(x), None) => {
+            let (r, x) = (&r[..n], &x[..n]);
+            for i in 0..n {
+                out[i] = f(r[i], x[i]);
+            }
+        }
+        (Some(r), false, Some(x), Some(s)) => {
+            let (r, x) = (&r[..n], &x[..n]);
+            for i in 0..n {
+                out[i] = T::add(r[i], T::mul(s, x[i]));
+            }
+        }
+        // out = recv op out
+        (Some(r), true, _, None) => {
+            let r = &r[..n];
+            for i in 0..n {
+                out[i] = f(r[i], out[i]);
+            }
+        }
+        (Some(r), true, _, Some(s)) => {
+            let r = &r[..n];
+            for i in 0..n {
+                out[i] = T::add(r[i], T::mul(s, out[i]));
+            }
+        }
+        // out = recv
+        (Some(r), false, None, _) => out.copy_from_slice(&r[..n]),
+        // out = pre(src)
+        (None, false, Some(x), None) => out.copy_from_slice(&x[..n]),
+        (None, false, Some(x), Some(s)) => {
+            let x = &x[..n];
+            for i in 0..n {
+                out[i] = T::mul(s, x[i]);
+            }
+        }
+        (None, true, _, Some(s)) => {
+            for v in out.iter_mut() {
+                *v = T::mul(s, *v);
+            }
+        }
+        (None, true, _, None) | (None, false, None, _) => {}
+    }
+    if let Some(count) = post {
+        for v in out.iter_mut() {
+            *v = T::div_count(*v, count);
+        }
+    }
+}
+
+fn combine_t<T: Element>(
+    op: ReduceOp,
+    out: &mut [u8],
+    recv: Option<&[u8]>,
+    src: Option<&[u8]>,
+    post: Option<usize>,
+) {
+    let recv = recv.map(typed::<T>);
+    let src = src.map(typed::<T>);
+    with_typed_mut::<T>(out, |o| {
+        kernel::<T>(op, o, recv.as_deref(), src.as_deref(), false, post)
+    });
+}
+
+fn combine_inplace_t<T: Element>(op: ReduceOp, inout: &mut [u8], recv: Option<&[u8]>, post: Option<usize>) {
+    let recv = recv.map(typed::<T>);
+    with_typed_mut::<T>(inout, |o| kernel::<T>(op, o, recv.as_deref(), None, true, post));
+}
+
+macro_rules! dispatch {
+    ($dt:expr, $f:ident, $($args:expr),*) => {
+        match $dt {
+            DataType::I8 => $f::<i8>($($args),*),
+            DataType::U8 => $f::<u8>($($args),*),
+            DataType::I32 => $f::<i32>($($args),*),
+            DataType::U32 => $f::<u32>($($args),*),
+            DataType::I64 => $f::<i64>($($args),*),
+            DataType::U64 => $f::<u64>($($args),*),
+            DataType::F16 => $f::<half::f16>($($args),*),
+            DataType::F32 => $f::<f32>($($args),*),
+            DataType::F64 => $f::<f64>($($args),*),
+            DataType::BF16 => $f::<half::bf16>($($args),*),
+            DataType::F8E4M3 => $f::<F8E4M3>($($args),*),
+            DataType::F8E5M2 => $f::<F8E5M2>($($args),*),
+        }
+    };
+}
+
+/// `out = recv ⊕ pre(src)`, then `/ post` if given. `out` must not overlap the inputs; input
+/// lengths must equal `out.len()` (a multiple of the element size).
+pub fn combine(
+    dt: DataType,
+    op: ReduceOp,
+    out: &mut [u8],
+    recv: Option<&[u8]>,
+    src: Option<&[u8]>,
+    post: Option<usize>,
+) {
+    debug_assert!(recv.is_none_or(|r| r.len() == out.len()));
+    debug_assert!(src.is_none_or(|s| s.len() == out.len()));
+    if recv.is_some() != src.is_some() && post.is_none() && !matches!(op, ReduceOp::PreMulSum(_)) {
+        // plain copy: no element arithmetic
+        out.copy_from_slice(recv.or(src).unwrap());
+        return;
+    }
+    if recv.is_none() && src.is_some() && post.is_none() {
+        // pre-multiplied copy
+        dispatch!(dt, combine_t, op, out, recv, src, post);
+        return;
+    }
+    dispatch!(dt, combine_t, op, out, recv, src, post)
+}
+
+/// `inout = recv ⊕ pre(inout)`, then `/ post` if given (the in-place form of [`combine`]).
+pub fn combine_inplace(dt: DataType, op: ReduceOp, inout: &mut [u8], recv: Option<&[u8]>, post: Option<usize>) {
+    if recv.is_none() && post.is_none() && !matches!(op, ReduceOp::PreMulSum(_)) {
+        return;
+    }
+    dispatch!(dt, combine_inplace_t, op, inout, recv, post)
+}
+
+/// Reference reduction of `inputs` (one per rank) in rank order, for tests and checks:
+/// `pre(x0) ⊕ pre(x1) ⊕ ...`, then `/ n` for avg.
+pub fn reference(dt: DataType, op: ReduceOp, inputs: &[&[u8]]) -> Vec<u8> {
+    let mut acc = vec![0u8; inputs[0].len()];
+    combine(dt, op, &mut acc, None, Some(inputs[0]), None);
+    for x in &inputs[1..] {
+        let prev = acc.clone();
+        combine(dt, op, &mut acc, Some(&prev), Some(x), None);
+    }
+    if op == ReduceOp::Avg {
+        combine_inplace(dt, op, &mut acc, None, Some(inputs.len()));
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_ops() {
+        let a: Vec<f32> = vec![1.0, -2.0, 3.0, 8.0];
+        let b: Vec<f32> = vec![4.0, 5.0, -6.0, 8.0];
+        let ab = |op| {
+            let mut o = vec![0u8; 16];
+            combine(
+                DataType::F32,
+                op,
+                &mut o,
+                Some(bytemuck::cast_slice(&a)),
+                Some(bytemuck::cast_slice(&b)),
+                None,
+            );
+            bytemuck::cast_slice::<u8, f32>(&o).to_vec()
+        };
+        assert_eq!(ab(ReduceOp::Sum), vec![5.0, 3.0, -3.0, 16.0]);
+        assert_eq!(ab(ReduceOp::Prod), vec![4.0, -10.0, -18.0, 64.0]);
+        assert_eq!(ab(ReduceOp::Min), vec![1.0, -2.0, -6.0, 8.0]);
+        assert_eq!(ab(ReduceOp::Max), vec![4.0, 5.0, 3.0, 8.0]);
+        assert_eq!(ab(ReduceOp::pre_mul_sum(2.0f32)), vec![9.0, 8.0, -9.0, 24.0]);
+        let r = reference(
+            DataType::F32,
+            ReduceOp::Avg,
+            &[bytemuck::cast_slice(&a), bytemuck::cast_slice(&b)],
+        );
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(&r), &[2.5, 1.5, -1.5, 8.0]);
+    }
+
+    #[test]
+    fn ints_wrap_and_avg_truncates() {
+        let a = [250u8, 7];
+        let b = [10u8, 8];
+        let r = reference(DataType::U8, ReduceOp::Sum, &[&a, &b]);
+        assert_eq!(r, vec![4, 15]);
+        let r = reference(DataType::U8, ReduceOp::Avg, &[&a, &b]);
+        assert_eq!(r, vec![2, 7]);
+        let r = reference(DataType::I8, ReduceOp::Min, &[&[0xFF, 1], &[1, 2]]);
+        assert_eq!(r, vec![0xFF, 1], "-1 < 1 for int8");
+    }
+
+    #[test]
+    fn unaligned_buffers_work() {
+        let a: Vec<u8> = bytemuck::cast_slice(&[1.0f64, 2.0]).to_vec();
+        let mut buf = vec![0u8; 17];
+        buf[1..].copy_from_slice(&a);
+        let mut out = vec![0u8; 17];
+        combine(
+            DataType::F64,
+            ReduceOp::Sum,
+            &mut out[1..],
+            Some(&buf[1..]),
+            Some(&a),
+            None,
+        );
+        let v: Vec<f64> = out[1..]
+            .chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(v, vec![2.0, 4.0]);
+    }
+
+    #[test]
+    fn inplace_matches_out_of_place() {
+        for dt in DataType::ALL {
+            for op in ReduceOp::BASIC.into_iter().chain([ReduceOp::PreMulSum({
+                let mut b = [0u8; 8];
+                let one = crate::exact::value_bytes(dt, 2);
+                b[..one.len()].copy_from_slice(&one);
+                b
+            })]) {
+                let n = 37;
+                let a = crate::exact::input(dt, op, 0, 3, n, 0);
+                let b = crate::exact::input(dt, op, 1, 3, n, 0);
+                let mut o = vec![0u8; a.len()];
+                combine(dt, op, &mut o, Some(&a), Some(&b), Some(3));
+                let mut io = b.clone();
+                combine_inplace(dt, op, &mut io, Some(&a), Some(3));
+                assert_eq!(o, io, "{dt:?} {op:?}");
+            }
+        }
+    }
+}

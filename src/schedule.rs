@@ -1,0 +1,556 @@
+//! Algorithms as pure schedules: no I/O, no time, no payload.
+//!
+//! A [`Schedule`] is one rank's list of [`Step`]s for one operation. Every step is the same shape,
+//! NCCL's primitives in one: take the message from `recv` (if any) and the local `src` slice (if
+//! any), combine them with the reduction op, apply the avg division if `post`, then write the
+//! value to the local `dst` slice and/or send it to `send`. So:
+//!
+//! | NCCL primitive        | recv | src | dst | send |
+//! |-----------------------|------|-----|-----|------|
+//! | send                  |      |  x  |     |  x   |
+//! | recvReduceSend        |  x   |  x  |     |  x   |
+//! | recvReduceCopySend    |  x   |  x  |  x  |  x   |
+//! | recvCopySend          |  x   |     |  x  |  x   |
+//! | recv                  |  x   |     |  x  |      |
+//! | copy (local)          |      |  x  |  x  |      |
+//!
+//! Messages on a connection are FIFO; a step's message is at most `chunk` elements. The
+//! simulator (`sim`) runs the schedules of all ranks together and checks them.
+//! The cost of each algorithm is documented in `docs/algorithms.md` and checked by [`cost`].
+
+use crate::types::{DataType, ReduceOp};
+use std::fmt;
+
+/// Which user buffer a slice refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The send buffer.
+    Input,
+    /// The receive buffer.
+    Output,
+}
+
+/// A slice of a user buffer, in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    /// Which buffer.
+    pub buf: Buf,
+    /// First element.
+    pub offset: usize,
+}
+
+/// One step of a schedule (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Receive the step's message from this peer.
+    pub recv: Option<usize>,
+    /// Local input.
+    pub src: Option<Slice>,
+    /// Local output.
+    pub dst: Option<Slice>,
+    /// Send the value to this peer.
+    pub send: Option<usize>,
+    /// Elements.
+    pub count: usize,
+    /// Apply the avg division to the value.
+    pub post: bool,
+}
+
+/// One rank's steps for one operation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Schedule {
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+}
+
+/// The operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Coll {
+    /// AllReduce
+    AllReduce,
+    /// AllGather
+    AllGather,
+    /// ReduceScatter
+    ReduceScatter,
+    /// Broadcast
+    Broadcast,
+    /// Reduce
+    Reduce,
+    /// AllToAll
+    AllToAll,
+    /// Gather
+    Gather,
+    /// Scatter
+    Scatter,
+    /// Send (point to point)
+    Send,
+    /// Recv (point to point)
+    Recv,
+}
+
+impl Coll {
+    /// Name used in messages and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "allreduce",
+            Coll::AllGather => "allgather",
+            Coll::ReduceScatter => "reducescatter",
+            Coll::Broadcast => "broadcast",
+            Coll::Reduce => "reduce",
+            Coll::AllToAll => "alltoall",
+            Coll::Gather => "gather",
+            Coll::Scatter => "scatter",
+            Coll::Send => "send",
+            Coll::Recv => "recv",
+        }
+    }
+    fn code(self) -> u32 {
+        match self {
+            Coll::AllReduce => 1,
+            Coll::AllGather => 2,
+            Coll::ReduceScatter => 3,
+            Coll::Broadcast => 4,
+            Coll::Reduce => 5,
+            Coll::AllToAll => 6,
+            Coll::Gather => 7,
+            Coll::Scatter => 8,
+            // both sides of a point-to-point transfer carry the same code
+            Coll::Send | Coll::Recv => 9,
+        }
+    }
+    /// Whether it combines values with a reduction op.
+    pub fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+    /// Whether `root` is meaningful (`peer` for point to point).
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter | Coll::Send | Coll::Recv
+        )
+    }
+    /// Elements of (input, output) buffers on `rank`, in NCCL's count convention.
+    pub fn buffer_counts(self, nranks: usize, rank: usize, count: usize, root: usize) -> (usize, usize) {
+        let is_root = rank == root;
+        match self {
+            Coll::AllReduce | Coll::Broadcast => (count, count),
+            Coll::Reduce => (count, if is_root { count } else { 0 }),
+            Coll::AllGather => (count, nranks * count),
+            Coll::ReduceScatter => (nranks * count, count),
+            Coll::AllToAll => (nranks * count, nranks * count),
+            Coll::Gather => (count, if is_root { nranks * count } else { 0 }),
+            Coll::Scatter => (if is_root { nranks * count } else { 0 }, count),
+            Coll::Send => (count, 0),
+            Coll::Recv => (0, count),
+        }
+    }
+}
+
+/// What identifies an operation across ranks: it travels in every frame header (`count` and the
+/// packed `call` word) so a mismatch is caught where the data arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Operation.
+    pub coll: Coll,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction op (Sum for operations that do not reduce).
+    pub op: ReduceOp,
+    /// Root (peer for point to point; 0 when unused).
+    pub root: usize,
+    /// Count, in NCCL's convention.
+    pub count: usize,
+}
+
+impl Fingerprint {
+    /// The `call` word: operation, type, reduce op and root packed in 32 bits.
+    pub fn call_word(&self) -> u32 {
+        let root = if matches!(self.coll, Coll::Send | Coll::Recv) {
+            0
+        } else {
+            (self.root as u32) & 0xFFFFF
+        };
+        self.coll.code() | (self.dtype as u32) << 4 | self.op.code() << 8 | root << 12
+    }
+
+    /// Describe a peer's (count, call) pair for messages.
+    pub fn describe_wire(count: u64, call: u32) -> String {
+        let coll = match call & 0xF {
+            1 => "allreduce",
+            2 => "allgather",
+            3 => "reducescatter",
+            4 => "broadcast",
+            5 => "reduce",
+            6 => "alltoall",
+            7 => "gather",
+            8 => "scatter",
+            9 => "send/recv",
+            _ => "unknown",
+        };
+        let dt = DataType::from_raw(((call >> 4) & 0xF) as i32)
+            .map(|d| d.name())
+            .unwrap_or("?");
+        let op = ["sum", "prod", "max", "min", "avg", "premulsum"]
+            .get(((call >> 8) & 0xF) as usize)
+            .copied()
+            .unwrap_or("?");
+        format!("{coll}(type={dt}, count={count}, op={op}, root={})", call >> 12)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = if matches!(self.coll, Coll::Send | Coll::Recv) {
+            "send/recv"
+        } else {
+            self.coll.name()
+        };
+        let root = if matches!(self.coll, Coll::Send | Coll::Recv) {
+            0
+        } else {
+            self.root
+        };
+        write!(
+            f,
+            "{name}(type={}, count={}, op={}, root={root})",
+            self.dtype.name(),
+            self.count,
+            self.op.name()
+        )
+    }
+}
+
+/// Inputs of a schedule generator.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Operation.
+    pub coll: Coll,
+    /// Ranks.
+    pub nranks: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Count, in NCCL's convention.
+    pub count: usize,
+    /// Root, or the peer of a point-to-point op.
+    pub root: usize,
+    /// Largest message, in elements (>= 1).
+    pub chunk: usize,
+    /// Whether the op divides by the rank count at the end (avg).
+    pub avg: bool,
+}
+
+fn block(count: usize, n: usize, b: usize) -> (usize, usize) {
+    let s = (count as u128 * b as u128 / n as u128) as usize;
+    let e = (count as u128 * (b as u128 + 1) / n as u128) as usize;
+    (s, e)
+}
+
+struct Builder {
+    steps: Vec<Step>,
+}
+
+impl Builder {
+    fn step(&mut self, s: Step) {
+        if s.count > 0 {
+            self.steps.push(s);
+        }
+    }
+}
+
+fn inp(offset: usize) -> Option<Slice> {
+    Some(Slice {
+        buf: Buf::Input,
+        offset,
+    })
+}
+fn out(offset: usize) -> Option<Slice> {
+    Some(Slice {
+        buf: Buf::Output,
+        offset,
+    })
+}
+
+/// Split `[0, len)` into messages of at most `chunk` and call `f(offset, count)` for the k-th.
+fn chunk_of(start: usize, end: usize, k: usize, chunk: usize) -> (usize, usize) {
+    let s = (start + k * chunk).min(end);
+    let e = (s + chunk).min(end);
+    (s, e - s)
+}
+
+/// Build the schedule of `p.rank` (ring/chain algorithms; pairwise exchange for all-to-all,
+/// gather and scatter).
+pub fn build(p: &Params) -> Schedule {
+    assert!(p.nranks >= 1 && p.rank < p.nranks && p.chunk >= 1);
+    let mut b = Builder { steps: Vec::new() };
+    let (n, r, c, ch) = (p.nranks, p.rank, p.count, p.chunk);
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    let m = |x: isize| (x.rem_euclid(n as isize)) as usize;
+    let ri = r as isize;
+    let local = |b: &mut Builder, src: usize, dst: usize, len: usize, post: bool| {
+        b.step(Step {
+            recv: None,
+            src: inp(src),
+            dst: out(dst),
+            send: None,
+            count: len,
+            post,
+        });
+    };
+    match p.coll {
+        Coll::AllReduce if n == 1 => local(&mut b, 0, 0, c, p.avg),
+        Coll::AllReduce => {
+            let max_block = (0..n).map(|x| block(c, n, x)).map(|(s, e)| e - s).max().unwrap();
+            for k in 0..max_block.div_ceil(ch) {
+                let ck = |blk: usize| {
+                    let (s, e) = block(c, n, blk);
+                    chunk_of(s, e, k, ch)
+                };
+                let (o, l) = ck(m(ri - 1));
+                b.step(Step { recv: None, src: inp(o), dst: None, send: Some(next), count: l, post: false });
+                for j in 1..n as isize - 1 {
+                    let (o, l) = ck(m(ri - 1 - j));
+                    b.step(Step { recv: Some(prev), src: inp(o), dst: None, send: Some(next), count: l, post: false });
+                }
+                let (o, l) = ck(r);
+                b.step(Step { recv: Some(prev), src: inp(o), dst: out(o), send: Some(next), count: l, post: p.avg });
+                for j in 1..n as isize - 1 {
+                    let (o, l) = ck(m(ri - j));
+                    b.step(Step { recv: Some(prev), src: None, dst: out(o), send: Some(next), count: l, post: false });
+                }
+                let (o, l) = ck(next);
+                b.step(Step { recv: Some(prev), src: None, dst: out(o), send: None, count: l, post: false });
+            }
+        }
+        Coll::ReduceScatter if n == 1 => local(&mut b, 0, 0, c, p.avg),
+        Coll::ReduceScatter => {
+            for k in 0..c.div_ceil(ch) {
+                let (o, l) = chunk_of(0, c, k, ch);
+                let blk = |x: usize| x * c + o;
+                b.step(Step { recv: None, src: inp(blk(m(ri - 1))), dst: None, send: Some(next), count: l, post: false });
+                for j in 1..n as isize - 1 {
+                    b.step(Step { recv: Some(prev), src: inp(blk(m(ri - 1 - j))), dst: None, send: Some(next), count: l, post: false });
+                }
+                b.step(Step { recv: Some(prev), src: inp(blk(r)), dst: out(o), send: None, count: l, post: p.avg });
+            }
+        }
+        Coll::AllGather => {
+            for k in 0..c.div_ceil(ch) {
+                let (o, l) = chunk_of(0, c, k, ch);
+                let blk = |x: usize| x * c + o;
+                let send = (n > 1).then_some(next);
+                b.step(Step { recv: None, src: inp(o), dst: out(blk(r)), send, count: l, post: false });
+                for j in 1..n as isize - 1 {
+                    b.step(Step { recv: Some(prev), src: None, dst: out(blk(m(ri - j))), send: Some(next), count: l, post: false });
+                }
+                if n > 1 {
+                    b.step(Step { recv: Some(prev), src: None, dst: out(blk(next)), send: None, count: l, post: false });
+                }
+            }
+        }
+        Coll::Broadcast => {
+            let pos = m(ri - p.root as isize);
+            for k in 0..c.div_ceil(ch) {
+                let (o, l) = chunk_of(0, c, k, ch);
+                let send = (pos + 1 < n).then_some(next);
+                if pos == 0 {
+                    b.step(Step { recv: None, src: inp(o), dst: out(o), send, count: l, post: false });
+                } else {
+                    b.step(Step { recv: Some(prev), src: None, dst: out(o), send, count: l, post: false });
+                }
+            }
+        }
+        Coll::Reduce if n == 1 => local(&mut b, 0, 0, c, p.avg),
+        Coll::Reduce => {
+            // chain root+1 -> root+2 -> ... -> root
+            let pos = m(ri - p.root as isize - 1);
+            for k in 0..c.div_ceil(ch) {
+                let (o, l) = chunk_of(0, c, k, ch);
+                let s = if pos == 0 {
+                    Step { recv: None, src: inp(o), dst: None, send: Some(next), count: l, post: false }
+                } else if pos + 1 < n {
+                    Step { recv: Some(prev), src: inp(o), dst: None, send: Some(next), count: l, post: false }
+                } else {
+                    Step { recv: Some(prev), src: inp(o), dst: out(o), send: None, count: l, post: p.avg }
+                };
+                b.step(s);
+            }
+        }
+        Coll::AllToAll => {
+            local(&mut b, r * c, r * c, c, false);
+            for i in 1..n {
+                let to = (r + i) % n;
+                let from = (r + n - i) % n;
+                for k in 0..c.div_ceil(ch) {
+                    let (o, l) = chunk_of(0, c, k, ch);
+                    b.step(Step { recv: None, src: inp(to * c + o), dst: None, send: Some(to), count: l, post: false });
+                    b.step(Step { recv: Some(from), src: None, dst: out(from * c + o), send: None, count: l, post: false });
+                }
+            }
+        }
+        Coll::Gather => {
+            if r == p.root {
+                local(&mut b, 0, r * c, c, false);
+                for i in 1..n {
+                    let from = (r + i) % n;
+                    for k in 0..c.div_ceil(ch) {
+                        let (o, l) = chunk_of(0, c, k, ch);
+                        b.step(Step { recv: Some(from), src: None, dst: out(from * c + o), send: None, count: l, post: false });
+                    }
+                }
+            } else {
+                for k in 0..c.div_ceil(ch) {
+                    let (o, l) = chunk_of(0, c, k, ch);
+                    b.step(Step { recv: None, src: inp(o), dst: None, send: Some(p.root), count: l, post: false });
+                }
+            }
+        }
+        Coll::Scatter => {
+            if r == p.root {
+                local(&mut b, r * c, 0, c, false);
+                for i in 1..n {
+                    let to = (r + i) % n;
+                    for k in 0..c.div_ceil(ch) {
+                        let (o, l) = chunk_of(0, c, k, ch);
+                        b.step(Step { recv: None, src: inp(to * c + o), dst: None, send: Some(to), count: l, post: false });
+                    }
+                }
+            } else {
+                for k in 0..c.div_ceil(ch) {
+                    let (o, l) = chunk_of(0, c, k, ch);
+                    b.step(Step { recv: Some(p.root), src: None, dst: out(o), send: None, count: l, post: false });
+                }
+            }
+        }
+        Coll::Send => {
+            for k in 0..c.div_ceil(ch) {
+                let (o, l) = chunk_of(0, c, k, ch);
+                b.step(Step { recv: None, src: inp(o), dst: None, send: Some(p.root), count: l, post: false });
+            }
+        }
+        Coll::Recv => {
+            for k in 0..c.div_ceil(ch) {
+                let (o, l) = chunk_of(0, c, k, ch);
+                b.step(Step { recv: Some(p.root), src: None, dst: out(o), send: None, count: l, post: false });
+            }
+        }
+    }
+    Schedule { steps: b.steps }
+}
+
+impl Schedule {
+    /// Peers this schedule receives from and sends to (sorted, deduplicated).
+    pub fn peers(&self) -> (Vec<usize>, Vec<usize>) {
+        let mut rx: Vec<usize> = self.steps.iter().filter_map(|s| s.recv).collect();
+        let mut tx: Vec<usize> = self.steps.iter().filter_map(|s| s.send).collect();
+        rx.sort_unstable();
+        rx.dedup();
+        tx.sort_unstable();
+        tx.dedup();
+        (rx, tx)
+    }
+
+    /// Elements this rank sends in total.
+    pub fn elements_sent(&self) -> usize {
+        self.steps.iter().filter(|s| s.send.is_some()).map(|s| s.count).sum()
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sl = |s: Option<Slice>| match s {
+            Some(Slice { buf: Buf::Input, offset }) => format!("in[{offset}]"),
+            Some(Slice { buf: Buf::Output, offset }) => format!("out[{offset}]"),
+            None => "-".into(),
+        };
+        let pr = |p: Option<usize>| p.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+        for s in &self.steps {
+            writeln!(
+                f,
+                "recv {:>3}  src {:>10}  dst {:>10}  send {:>3}  n {}{}",
+                pr(s.recv),
+                sl(s.src),
+                sl(s.dst),
+                pr(s.send),
+                s.count,
+                if s.post { "  /n" } else { "" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The costs documented in `docs/algorithms.md`: elements each rank sends, as closed formulas.
+/// Tests check every schedule against them.
+pub mod cost {
+    use super::{block, Coll};
+
+    /// Elements rank `rank` sends for `coll` with `nranks` ranks, count `count` (NCCL convention)
+    /// and root `root`.
+    pub fn elements_sent(coll: Coll, nranks: usize, rank: usize, count: usize, root: usize) -> usize {
+        let n = nranks;
+        if n == 1 {
+            return 0;
+        }
+        let blk = |b: usize| {
+            let (s, e) = block(count, n, b % n);
+            e - s
+        };
+        match coll {
+            // ring: reduce-scatter sends every block but its own, all-gather every block but its
+            // successor's: 2S - |B_r| - |B_r+1|  (= 2(n-1)/n S for equal blocks)
+            Coll::AllReduce => 2 * count - blk(rank) - blk(rank + 1),
+            // (n-1) blocks of `count`
+            Coll::ReduceScatter | Coll::AllGather | Coll::AllToAll => (n - 1) * count,
+            // chain from the root: everyone but the last forwards S
+            Coll::Broadcast => {
+                if (rank + 1) % n == root {
+                    0
+                } else {
+                    count
+                }
+            }
+            // chain to the root: everyone but the root sends S
+            Coll::Reduce | Coll::Gather => {
+                if rank == root {
+                    0
+                } else {
+                    count
+                }
+            }
+            Coll::Scatter => {
+                if rank == root {
+                    (n - 1) * count
+                } else {
+                    0
+                }
+            }
+            Coll::Send => count,
+            Coll::Recv => 0,
+        }
+    }
+
+    /// Messages (steps that send) per rank for a ring all-reduce: 2(n-1) per chunk round.
+    pub fn allreduce_sends_per_round(nranks: usize) -> usize {
+        2 * (nranks - 1)
+    }
+}
+
+/// In-place layout of `coll` on `rank`, as NCCL defines it: both buffers are windows of one
+/// allocation; returns (input offset, output offset, allocation length) in elements, or `None`
+/// when the operation has no in-place form.
+pub fn inplace_layout(coll: Coll, nranks: usize, rank: usize, count: usize, root: usize) -> Option<(usize, usize, usize)> {
+    let (ni, no) = coll.buffer_counts(nranks, rank, count, root);
+    match coll {
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce => Some((0, 0, ni.max(no))),
+        // sendbuff == recvbuff + rank * sendcount
+        Coll::AllGather => Some((rank * count, 0, no)),
+        // recvbuff == sendbuff + rank * recvcount
+        Coll::ReduceScatter => Some((0, rank * count, ni)),
+        // at the root: sendbuff == recvbuff + root * count (others have one buffer only)
+        Coll::Gather => Some(if rank == root { (rank * count, 0, no) } else { (0, 0, ni) }),
+        // at the root: recvbuff == sendbuff + root * count
+        Coll::Scatter => Some(if rank == root { (0, rank * count, ni) } else { (0, 0, no) }),
+        Coll::AllToAll | Coll::Send | Coll::Recv => None,
+    }
+}

@@ -1,0 +1,183 @@
+//! Depth 1: schedules alone, through the simulator (no transport, no threads).
+
+use oxccl::exact::premul_two;
+use oxccl::schedule::{build, cost, Coll, Params};
+use oxccl::sim::{check_numeric, check_symbolic, schedules, Case};
+use oxccl::{DataType, ReduceOp};
+
+const COLLS: [Coll; 8] = [
+    Coll::AllReduce,
+    Coll::AllGather,
+    Coll::ReduceScatter,
+    Coll::Broadcast,
+    Coll::Reduce,
+    Coll::AllToAll,
+    Coll::Gather,
+    Coll::Scatter,
+];
+
+fn counts(n: usize) -> Vec<usize> {
+    let mut v = vec![0, 1, 2, 7, 13, 31, n.saturating_sub(1), n, n + 1, 3 * n + 2, 257];
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn roots(coll: Coll, n: usize) -> Vec<usize> {
+    if coll.rooted() {
+        (0..n).collect()
+    } else {
+        vec![0]
+    }
+}
+
+fn inplace_ok(coll: Coll) -> bool {
+    oxccl::schedule::inplace_layout(coll, 2, 0, 1, 0).is_some()
+}
+
+#[test]
+fn symbolic_every_rank_count_size_and_root() {
+    let mut cases = 0;
+    for n in (1..=16).chain([64]) {
+        for coll in COLLS {
+            for count in counts(n) {
+                for root in roots(coll, n) {
+                    for chunk in [1, 3, 64] {
+                        for inplace in [false, true] {
+                            if inplace && !inplace_ok(coll) {
+                                continue;
+                            }
+                            if n == 64 && (chunk == 1 || root % 13 != 0) {
+                                continue; // keep the 64-rank sweep short
+                            }
+                            let case = Case {
+                                coll,
+                                nranks: n,
+                                count,
+                                root,
+                                chunk,
+                                inplace,
+                                avg: coll.reduces() && count % 2 == 1,
+                                depth: 2,
+                            };
+                            if let Err(e) = check_symbolic(&case) {
+                                panic!("{case:?}: {e}");
+                            }
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 10_000, "{cases}");
+}
+
+#[test]
+fn numeric_every_type_and_op_through_the_executor_step() {
+    for n in [1, 2, 3, 4, 5, 8] {
+        for coll in COLLS {
+            for dt in DataType::ALL {
+                let ops: Vec<ReduceOp> = if coll.reduces() {
+                    ReduceOp::BASIC.into_iter().chain([premul_two(dt)]).collect()
+                } else {
+                    vec![ReduceOp::Sum]
+                };
+                for op in ops {
+                    for (count, chunk) in [(0, 4), (1, 1), (n * 5 + 3, 4), (97, 16)] {
+                        for inplace in [false, true] {
+                            if inplace && !inplace_ok(coll) {
+                                continue;
+                            }
+                            let root = n / 2;
+                            let case = Case { coll, nranks: n, count, root, chunk, inplace, avg: op == ReduceOp::Avg, depth: 2 };
+                            if let Err(e) = check_numeric(&case, dt, op) {
+                                panic!("{case:?} {dt:?} {op:?}: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn broken_schedules_are_caught() {
+    let case = Case { coll: Coll::AllReduce, nranks: 4, count: 16, root: 0, chunk: 2, inplace: false, avg: false, depth: 2 };
+    // drop a step: unreceived messages or deadlock
+    let mut s = schedules(&case);
+    s[1].steps.remove(3);
+    assert!(oxccl::sim::check_symbolic_with(&case, &s).is_err());
+    // reduce twice: double counting
+    let mut s = schedules(&case);
+    let st = s[2].steps.iter_mut().find(|x| x.recv.is_some() && x.src.is_none()).unwrap();
+    st.src = Some(oxccl::schedule::Slice { buf: oxccl::schedule::Buf::Input, offset: 0 });
+    assert!(oxccl::sim::check_symbolic_with(&case, &s).is_err());
+    // misroute: send to the wrong peer
+    let mut s = schedules(&case);
+    s[0].steps[0].send = Some(2);
+    assert!(oxccl::sim::check_symbolic_with(&case, &s).is_err());
+    // wrong size
+    let mut s = schedules(&case);
+    s[3].steps[1].count -= 1;
+    assert!(oxccl::sim::check_symbolic_with(&case, &s).is_err());
+}
+
+/// docs/algorithms.md states these costs; the schedules must match them exactly.
+#[test]
+fn costs_match_the_documented_formulas() {
+    let doc = include_str!("../docs/algorithms.md");
+    for needle in ["2S - |B_r| - |B_(r+1)|", "(n-1)·c", "2(n-1)"] {
+        assert!(doc.contains(needle), "docs/algorithms.md lost the formula {needle:?}");
+    }
+    for n in 1..=12 {
+        for coll in COLLS {
+            for count in [0, 1, 5, 64, 1000] {
+                for root in roots(coll, n) {
+                    for rank in 0..n {
+                        let s = build(&Params { coll, nranks: n, rank, count, root, chunk: 7, avg: false });
+                        assert_eq!(
+                            s.elements_sent(),
+                            cost::elements_sent(coll, n, rank, count, root),
+                            "{coll:?} n={n} rank={rank} count={count} root={root}"
+                        );
+                    }
+                }
+            }
+        }
+        if n > 1 {
+            // one chunk round of allreduce: 2(n-1) sends per rank
+            let s = build(&Params { coll: Coll::AllReduce, nranks: n, rank: 0, count: n * 7, root: 0, chunk: 7, avg: false });
+            assert_eq!(s.steps.iter().filter(|x| x.send.is_some()).count(), cost::allreduce_sends_per_round(n));
+        }
+    }
+}
+
+#[test]
+fn point_to_point_pairs() {
+    for count in [0, 1, 100] {
+        let tx = build(&Params { coll: Coll::Send, nranks: 2, rank: 0, count, root: 1, chunk: 8, avg: false });
+        let rx = build(&Params { coll: Coll::Recv, nranks: 2, rank: 1, count, root: 0, chunk: 8, avg: false });
+        assert_eq!(tx.steps.len(), rx.steps.len());
+        assert_eq!(tx.elements_sent(), count);
+        for (a, b) in tx.steps.iter().zip(&rx.steps) {
+            assert_eq!(a.count, b.count);
+        }
+    }
+}
+
+#[test]
+fn snapshot_ring_allreduce_4_ranks() {
+    let s = build(&Params { coll: Coll::AllReduce, nranks: 4, rank: 1, count: 8, root: 0, chunk: 2, avg: true });
+    let want = "\
+recv   -  src      in[0]  dst          -  send   2  n 2
+recv   0  src      in[6]  dst          -  send   2  n 2
+recv   0  src      in[4]  dst          -  send   2  n 2
+recv   0  src      in[2]  dst     out[2]  send   2  n 2  /n
+recv   0  src          -  dst     out[0]  send   2  n 2
+recv   0  src          -  dst     out[6]  send   2  n 2
+recv   0  src          -  dst     out[4]  send   -  n 2
+";
+    assert_eq!(s.to_string(), want);
+}
