@@ -13,3 +13,13 @@ pub mod types;
 
 pub use oxccl_transport::{Error, ErrorKind, Result};
 pub use types::{DataType, Element, ReduceOp, F8E4M3, F8E5M2};
+pub mod bootstrap;
+pub mod comm;
+pub mod config;
+pub mod store;
+
+pub use bootstrap::UniqueId;
+pub use comm::{AbortHandle, Communicator, Group, OpDesc};
+pub use config::Config;
+pub use exec::OpMem;
+pub use schedule::Coll;

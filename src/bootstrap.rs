@@ -1,0 +1,374 @@
+//! Bootstrap: the unique id, host identity, interface choice, launcher environments and the
+//! rendezvous in which ranks learn about each other.
+
+use crate::config::{env_any, Config};
+use crate::store::{MemStore, Store, StoreServer, TcpStore};
+use crate::{Error, ErrorKind, Result};
+use oxccl_transport::{random_bytes, PeerInfo};
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Bytes of a [`UniqueId`] (`NCCL_UNIQUE_ID_BYTES`).
+pub const UNIQUE_ID_BYTES: usize = 128;
+const ID_MAGIC: &[u8; 4] = b"OXID";
+const ID_VERSION: u8 = 1;
+
+/// The 128 opaque bytes that let ranks find each other (NCCL's `ncclUniqueId`).
+///
+/// It holds the root's store address and a random 256-bit secret that every bootstrap and data
+/// connection must prove it knows. Print it with [`UniqueId::to_hex`] and pass it to other ranks
+/// (for example in `OXCCL_UNIQUE_ID`); treat it like a password.
+///
+/// Layout: magic `OXID`, version, address family, port (LE), 16 address bytes, 32 secret bytes,
+/// 8 job-id bytes, zero padding.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId(pub [u8; UNIQUE_ID_BYTES]);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UniqueId({}, secret hidden)", self.addr().map(|a| a.to_string()).unwrap_or_else(|_| "invalid".into()))
+    }
+}
+
+static SERVERS: Mutex<Vec<([u8; 8], Arc<StoreServer>)>> = Mutex::new(Vec::new());
+
+impl UniqueId {
+    /// Create an id: start an authenticated bootstrap store in this process on the interface
+    /// chosen by `NCCL_SOCKET_IFNAME` (see [`choose_ip`]). The first communicator this process
+    /// builds on the id owns the store and stops it when destroyed; if none does, it lives as long
+    /// as the process.
+    pub fn new() -> Result<UniqueId> {
+        crate::config::init_logging();
+        let cfg = Config::default();
+        let ip = choose_ip(cfg.socket_ifname.as_deref(), None)?;
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| Error::system(format!("binding the bootstrap store on {ip}"), &e))?;
+        let mut secret = [0u8; 32];
+        random_bytes(&mut secret)?;
+        let mut job = [0u8; 8];
+        random_bytes(&mut job)?;
+        let server = StoreServer::start(listener, Some(secret))?;
+        let id = UniqueId::encode(server.addr(), &secret, &job);
+        tracing::info!("oxccl: bootstrap store listening on {}", server.addr());
+        SERVERS.lock().unwrap().push((job, Arc::new(server)));
+        Ok(id)
+    }
+
+    fn encode(addr: SocketAddr, secret: &[u8; 32], job: &[u8; 8]) -> UniqueId {
+        let mut b = [0u8; UNIQUE_ID_BYTES];
+        b[0..4].copy_from_slice(ID_MAGIC);
+        b[4] = ID_VERSION;
+        b[6..8].copy_from_slice(&addr.port().to_le_bytes());
+        match addr.ip() {
+            IpAddr::V4(v4) => {
+                b[5] = 4;
+                b[8..12].copy_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                b[5] = 6;
+                b[8..24].copy_from_slice(&v6.octets());
+            }
+        }
+        b[24..56].copy_from_slice(secret);
+        b[56..64].copy_from_slice(job);
+        UniqueId(b)
+    }
+
+    /// Check the magic and version.
+    pub fn validate(&self) -> Result<()> {
+        if &self.0[0..4] != ID_MAGIC || self.0[4] != ID_VERSION || !matches!(self.0[5], 4 | 6) {
+            return Err(Error::invalid_argument(
+                "not an oxccl unique id (bad magic, version or address family)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The root store's address.
+    pub fn addr(&self) -> Result<SocketAddr> {
+        self.validate()?;
+        let port = u16::from_le_bytes([self.0[6], self.0[7]]);
+        let ip = if self.0[5] == 4 {
+            IpAddr::from(<[u8; 4]>::try_from(&self.0[8..12]).unwrap())
+        } else {
+            IpAddr::from(<[u8; 16]>::try_from(&self.0[8..24]).unwrap())
+        };
+        Ok(SocketAddr::new(ip, port))
+    }
+
+    fn secret(&self) -> [u8; 32] {
+        self.0[24..56].try_into().unwrap()
+    }
+
+    fn job(&self) -> [u8; 8] {
+        self.0[56..64].try_into().unwrap()
+    }
+
+    /// Lower-case hex (256 characters), for `OXCCL_UNIQUE_ID`.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parse [`UniqueId::to_hex`] output.
+    pub fn from_hex(s: &str) -> Result<UniqueId> {
+        let s = s.trim();
+        if s.len() != 2 * UNIQUE_ID_BYTES || !s.is_ascii() {
+            return Err(Error::invalid_argument(format!(
+                "a unique id is {} hex characters, got {}",
+                2 * UNIQUE_ID_BYTES,
+                s.len()
+            )));
+        }
+        let mut b = [0u8; UNIQUE_ID_BYTES];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| Error::invalid_argument("unique id is not hex"))?;
+        }
+        let id = UniqueId(b);
+        id.validate()?;
+        Ok(id)
+    }
+}
+
+/// Host identity: a hash of the host name and boot id, or of `OXCCL_HOSTID`/`NCCL_HOSTID`.
+pub fn host_id(cfg: &Config) -> u64 {
+    let key = match &cfg.host_id {
+        Some(h) => format!("override:{h}"),
+        None => format!(
+            "{}:{}",
+            hostname(),
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim()
+        ),
+    };
+    u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().unwrap())
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// The address this rank advertises: from the `NCCL_SOCKET_IFNAME` spec if given; otherwise
+/// loopback when the root is on loopback, else NCCL's default choice (not docker, lo or virbr).
+pub fn choose_ip(spec: Option<&str>, root: Option<IpAddr>) -> Result<IpAddr> {
+    if spec.is_none() && root.is_some_and(|r| r.is_loopback()) {
+        return Ok(root.unwrap());
+    }
+    let iface = oxccl_transport_tcp::netif::select(spec)?;
+    tracing::info!("oxccl: using interface {} address {}", iface.name, iface.ip);
+    Ok(iface.ip)
+}
+
+/// Everything a rank needs to rendezvous.
+pub struct Rendezvous {
+    /// The root store (unprefixed).
+    pub store: Arc<dyn Store>,
+    /// Key prefix of this job.
+    pub prefix: String,
+    /// The job secret.
+    pub secret: [u8; 32],
+    /// The store server, when this process hosts it.
+    pub server: Option<Arc<StoreServer>>,
+    /// The root store's IP (for the interface choice), if remote.
+    pub root_ip: Option<IpAddr>,
+}
+
+/// Rendezvous through a unique id.
+pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
+    let addr = id.addr()?;
+    let job = id.job();
+    // the first communicator of this process built on the id owns its store from now on
+    let server = {
+        let mut g = SERVERS.lock().unwrap();
+        g.iter().position(|(j, _)| *j == job).map(|i| g.remove(i).1)
+    };
+    let store = TcpStore::connect(addr, Some(id.secret()), cfg.timeout)?;
+    Ok(Rendezvous {
+        store: Arc::new(store),
+        prefix: format!("oxccl/{}", job.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        secret: id.secret(),
+        server,
+        root_ip: Some(addr.ip()),
+    })
+}
+
+/// Rank and size from a launcher's environment: torchrun (`RANK`/`WORLD_SIZE`), Open MPI
+/// (`OMPI_COMM_WORLD_*`), PMI (`PMI_RANK`/`PMI_SIZE`) or Slurm (`SLURM_PROCID`/`SLURM_NTASKS`).
+pub fn env_rank_size() -> Result<(usize, usize, &'static str)> {
+    let pairs: [(&str, &str, &'static str); 4] = [
+        ("RANK", "WORLD_SIZE", "torchrun/env"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"),
+        ("PMI_RANK", "PMI_SIZE", "PMI"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "Slurm"),
+    ];
+    for (r, s, who) in pairs {
+        if let (Some(r), Some(s)) = (env_any(&[r]), env_any(&[s])) {
+            let parse = |v: &str, name: &str| {
+                v.trim().parse::<usize>().map_err(|_| Error::invalid_argument(format!("{name}={v:?} is not a number")))
+            };
+            return Ok((parse(&r, "rank")?, parse(&s, "size")?, who));
+        }
+    }
+    Err(Error::invalid_usage(
+        "no launcher environment found: set RANK and WORLD_SIZE (torchrun), or run under mpirun or srun",
+    ))
+}
+
+/// Rendezvous through `MASTER_ADDR`/`MASTER_PORT` (or `NCCL_COMM_ID=host:port`).
+///
+/// Under torchrun (`TORCHELASTIC_RUN_ID` set) the port belongs to torchrun's c10d store and every
+/// rank is its client. Otherwise rank 0 serves a compatible store there (if the port is taken it
+/// becomes a client of whatever store is there). Rank 0 publishes a fresh job secret in the store;
+/// this mode is only as private as the store itself, like PyTorch's.
+pub fn from_env(rank: usize, cfg: &Config) -> Result<Rendezvous> {
+    let (host, port) = match env_any(&["NCCL_COMM_ID"]) {
+        Some(v) => {
+            let (h, p) = v.rsplit_once(':').ok_or_else(|| Error::invalid_argument(format!("NCCL_COMM_ID={v:?} is not host:port")))?;
+            (h.trim_matches(['[', ']']).to_string(), p.parse::<u16>().map_err(|_| Error::invalid_argument(format!("bad port in NCCL_COMM_ID={v:?}")))?)
+        }
+        None => {
+            let host = env_any(&["MASTER_ADDR"]).ok_or_else(|| Error::invalid_usage("MASTER_ADDR is not set"))?;
+            let port = env_any(&["MASTER_PORT"]).unwrap_or_else(|| "29500".into());
+            (host, port.parse::<u16>().map_err(|_| Error::invalid_argument(format!("MASTER_PORT={port:?} is not a port")))?)
+        }
+    };
+    use std::net::ToSocketAddrs;
+    let addr = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| Error::system(format!("resolving {host}:{port}"), &e))?
+        .next()
+        .ok_or_else(|| Error::invalid_argument(format!("{host} has no address")))?;
+    let torchrun = env_any(&["TORCHELASTIC_RUN_ID"]);
+    let job = match &torchrun {
+        Some(id) => format!("{id}/{}", env_any(&["TORCHELASTIC_RESTART_COUNT"]).unwrap_or_else(|| "0".into())),
+        None => env_any(&["SLURM_JOB_ID", "OXCCL_JOB_ID"]).unwrap_or_else(|| "job".into()),
+    };
+    let mut server = None;
+    if torchrun.is_none() && rank == 0 {
+        match TcpListener::bind(addr) {
+            Ok(l) => {
+                server = Some(Arc::new(StoreServer::start(l, None)?));
+                tracing::info!("oxccl: serving the bootstrap store on {addr}");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                tracing::info!("oxccl: {addr} is taken; using the store that is there");
+            }
+            Err(e) => return Err(Error::system(format!("binding the bootstrap store on {addr}"), &e)),
+        }
+    }
+    let store: Arc<dyn Store> = Arc::new(TcpStore::connect(addr, None, cfg.timeout)?);
+    let prefix = format!("oxccl/{job}");
+    let key = format!("{prefix}/secret");
+    let secret = if rank == 0 {
+        let mut s = [0u8; 32];
+        random_bytes(&mut s)?;
+        store.set(&key, &s)?;
+        s
+    } else {
+        let v = store.get(&key, cfg.timeout).map_err(|e| {
+            if e.kind == ErrorKind::Timeout {
+                Error::timeout(format!("init: rank 0 did not publish the job secret at {addr} within {:.0} s", cfg.timeout.as_secs_f64()))
+            } else {
+                e
+            }
+        })?;
+        v.try_into().map_err(|_| Error::remote("malformed job secret in the store"))?
+    };
+    Ok(Rendezvous { store, prefix, secret, server, root_ip: Some(addr.ip()) })
+}
+
+/// Rendezvous for threads as ranks in one process.
+pub fn in_process() -> Result<Rendezvous> {
+    let mut secret = [0u8; 32];
+    random_bytes(&mut secret)?;
+    let mut job = [0u8; 8];
+    random_bytes(&mut job)?;
+    Ok(Rendezvous {
+        store: MemStore::new(),
+        prefix: format!("oxccl/local-{}", u64::from_le_bytes(job)),
+        secret,
+        server: None,
+        root_ip: Some(IpAddr::from([127, 0, 0, 1])),
+    })
+}
+
+/// Publish this rank's info and collect everyone's (bounded by the timeout; names the ranks that
+/// never arrived).
+pub fn exchange_info(store: &dyn Store, prefix: &str, me: &PeerInfo, nranks: usize, timeout: Duration) -> Result<Vec<PeerInfo>> {
+    let claimed = store.add(&format!("{prefix}/claim/{}", me.rank), 1)?;
+    if claimed != 1 {
+        return Err(Error::invalid_usage(format!("rank {} joined this job twice", me.rank)).with_rank(me.rank));
+    }
+    let mut v = format!("{nranks}\n").into_bytes();
+    v.extend_from_slice(&me.encode());
+    store.set(&format!("{prefix}/info/{}", me.rank), &v)?;
+    let keys: Vec<String> = (0..nranks).map(|r| format!("{prefix}/info/{r}")).collect();
+    let vals = match store.multi_get(&keys, timeout) {
+        Ok(v) => v,
+        Err(e) if e.kind == ErrorKind::Timeout => {
+            let missing: Vec<usize> = (0..nranks)
+                .filter(|r| !store.check(std::slice::from_ref(&keys[*r])).unwrap_or(false))
+                .collect();
+            return Err(Error::timeout(format!(
+                "init: ranks {missing:?} did not join within {:.1} s ({} of {nranks} joined)",
+                timeout.as_secs_f64(),
+                nranks - missing.len()
+            ))
+            .with_rank(me.rank));
+        }
+        Err(e) => return Err(e.with_rank(me.rank)),
+    };
+    let mut peers = Vec::with_capacity(nranks);
+    for (r, v) in vals.iter().enumerate() {
+        let nl = v.iter().position(|&b| b == b'\n').ok_or_else(|| Error::remote("malformed peer record"))?;
+        let their_n: usize = std::str::from_utf8(&v[..nl]).ok().and_then(|s| s.parse().ok()).ok_or_else(|| Error::remote("malformed peer record"))?;
+        if their_n != nranks {
+            return Err(Error::invalid_usage(format!(
+                "rank {r} was started with {their_n} ranks, rank {} with {nranks}",
+                me.rank
+            ))
+            .with_rank(me.rank)
+            .with_peer(r));
+        }
+        let p = PeerInfo::decode(&v[nl + 1..])?;
+        if p.rank != r {
+            return Err(Error::remote("peer record under the wrong rank").with_peer(r));
+        }
+        peers.push(p);
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_id_roundtrip_and_validation() {
+        let id = UniqueId::encode("10.1.2.3:4567".parse().unwrap(), &[7; 32], &[1; 8]);
+        assert_eq!(id.addr().unwrap(), "10.1.2.3:4567".parse().unwrap());
+        let back = UniqueId::from_hex(&id.to_hex()).unwrap();
+        assert_eq!(back, id);
+        assert!(!format!("{id:?}").contains("0707"), "debug output hides the secret");
+        let v6 = UniqueId::encode("[::1]:9".parse().unwrap(), &[0; 32], &[0; 8]);
+        assert_eq!(v6.addr().unwrap(), "[::1]:9".parse().unwrap());
+        assert!(UniqueId::from_hex("zz").is_err());
+        assert!(UniqueId::from_hex(&"00".repeat(128)).is_err(), "zero id has no magic");
+        assert!(UniqueId([0; 128]).addr().is_err());
+    }
+
+    #[test]
+    fn host_id_override() {
+        let mut a = Config::default();
+        a.host_id = Some("x".into());
+        let mut b = a.clone();
+        assert_eq!(host_id(&a), host_id(&b));
+        b.host_id = Some("y".into());
+        assert_ne!(host_id(&a), host_id(&b));
+        b.host_id = None;
+        assert_ne!(host_id(&a), host_id(&b));
+    }
+}

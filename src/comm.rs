@@ -1,0 +1,810 @@
+//! The communicator: life cycle, the Rust API of every collective, groups and split.
+
+use crate::bootstrap::{self, Rendezvous, UniqueId};
+use crate::config::Config;
+use crate::exec::{drive, Conns, DriveComm, OpMem, OpRun, Policy};
+use crate::schedule::{build, inplace_layout, Coll, Fingerprint, Params};
+use crate::store::{Store, StoreServer};
+use crate::types::{DataType, Element, ReduceOp};
+use crate::{Error, Result};
+use oxccl_transport::wait::Doorbell;
+use oxccl_transport::{PeerInfo, Transport, TransportCtx};
+use oxccl_transport_shm::{ShmConfig, ShmTransport};
+use oxccl_transport_tcp::{TcpConfig, TcpTransport};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// What an operation is: NCCL's arguments minus the buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpDesc {
+    /// The operation.
+    pub coll: Coll,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction op (ignored by operations that do not reduce).
+    pub op: ReduceOp,
+    /// Count, in NCCL's convention (per rank for all-gather, reduce-scatter, all-to-all, gather
+    /// and scatter).
+    pub count: usize,
+    /// Root, or the peer of send/recv.
+    pub root: usize,
+}
+
+pub(crate) struct State {
+    conns: Conns,
+    shm: Option<ShmTransport>,
+    tcp: TcpTransport,
+    seq: u64,
+    p2p_tx: Vec<u64>,
+    p2p_rx: Vec<u64>,
+    splits: u64,
+    error: Option<Error>,
+}
+
+pub(crate) struct Shared {
+    rank: usize,
+    nranks: usize,
+    comm_id: u64,
+    prefix: String,
+    peers: Vec<PeerInfo>,
+    cfg: Config,
+    store: Arc<dyn Store>,
+    secret: [u8; 32],
+    server: Option<Arc<StoreServer>>,
+    state: Mutex<State>,
+    aborted: AtomicBool,
+    abort_bell: Doorbell,
+    busy: AtomicBool,
+    pub(crate) async_pending: Mutex<usize>,
+    pub(crate) async_cv: Condvar,
+}
+
+impl DriveComm for Shared {
+    fn with_conns<R>(&self, f: impl FnOnce(&mut Conns) -> R) -> R {
+        f(&mut self.state.lock().unwrap().conns)
+    }
+    fn aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+    fn abort_fd(&self) -> i32 {
+        self.abort_bell.read_fd()
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+}
+
+/// A communicator: one rank's membership in a group of ranks that run collectives together
+/// (NCCL's `ncclComm_t`).
+///
+/// All methods take `&self`; a communicator is `Send + Sync` so that [`Communicator::abort`] can
+/// be called from another thread, but operations on one communicator must not be issued from
+/// two threads at once (that is reported as [`ErrorKind::InvalidUsage`]).
+pub struct Communicator {
+    pub(crate) sh: Arc<Shared>,
+}
+
+/// A handle that aborts a communicator from any thread.
+#[derive(Clone)]
+pub struct AbortHandle(Arc<Shared>);
+
+impl AbortHandle {
+    /// Abort: operations in progress return an error promptly, and later calls fail.
+    pub fn abort(&self) {
+        self.0.aborted.store(true, Ordering::SeqCst);
+        self.0.abort_bell.ring();
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Communicator(rank {} of {}, {})", self.sh.rank, self.sh.nranks, self.sh.prefix)
+    }
+}
+
+fn comm_id_of(prefix: &str) -> u64 {
+    u64::from_le_bytes(blake3::hash(prefix.as_bytes()).as_bytes()[..8].try_into().unwrap())
+}
+
+impl Communicator {
+    // ---- life cycle ------------------------------------------------------------------------
+
+    /// Join the communicator of `nranks` ranks identified by `id`, as `rank`
+    /// (`ncclCommInitRank`). Blocks until every rank has joined, or the timeout.
+    pub fn init(id: &UniqueId, nranks: usize, rank: usize) -> Result<Communicator> {
+        Self::init_with_config(id, nranks, rank, Config::default())
+    }
+
+    /// [`Communicator::init`] with explicit settings.
+    pub fn init_with_config(id: &UniqueId, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+        check_rank(nranks, rank)?;
+        let rdv = bootstrap::from_unique_id(id, &cfg).map_err(|e| e.with_rank(rank))?;
+        Self::join(rdv, nranks, rank, cfg)
+    }
+
+    /// Join using a launcher's environment: torchrun (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+    /// `MASTER_PORT`), mpirun (`OMPI_COMM_WORLD_*`) or srun (`SLURM_*`), with `MASTER_ADDR` and
+    /// `MASTER_PORT` (or `NCCL_COMM_ID`) naming the store. See [`bootstrap::from_env`].
+    pub fn from_env() -> Result<Communicator> {
+        Self::from_env_with_config(Config::default())
+    }
+
+    /// [`Communicator::from_env`] with explicit settings.
+    pub fn from_env_with_config(cfg: Config) -> Result<Communicator> {
+        let (rank, nranks, _) = bootstrap::env_rank_size()?;
+        check_rank(nranks, rank)?;
+        let rdv = bootstrap::from_env(rank, &cfg).map_err(|e| e.with_rank(rank))?;
+        Self::join(rdv, nranks, rank, cfg)
+    }
+
+    /// `nranks` communicators in this process, one per rank, for threads as ranks
+    /// (`ncclCommInitAll`). Hand each to its own thread, or drive them together with a [`Group`].
+    pub fn init_all(nranks: usize) -> Result<Vec<Communicator>> {
+        Self::init_all_with_config(nranks, Config::default())
+    }
+
+    /// [`Communicator::init_all`] with explicit settings.
+    pub fn init_all_with_config(nranks: usize, cfg: Config) -> Result<Vec<Communicator>> {
+        if nranks == 0 {
+            return Err(Error::invalid_argument("init_all needs at least one rank"));
+        }
+        let rdv = bootstrap::in_process()?;
+        let handles: Vec<_> = (0..nranks)
+            .map(|rank| {
+                let r = Rendezvous {
+                    store: rdv.store.clone(),
+                    prefix: rdv.prefix.clone(),
+                    secret: rdv.secret,
+                    server: None,
+                    root_ip: rdv.root_ip,
+                };
+                let cfg = cfg.clone();
+                std::thread::spawn(move || Self::join(r, nranks, rank, cfg))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| Error::internal("init thread panicked"))?)
+            .collect()
+    }
+
+    fn join(rdv: Rendezvous, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+        crate::config::init_logging();
+        let t0 = Instant::now();
+        let ip = bootstrap::choose_ip(cfg.socket_ifname.as_deref(), rdv.root_ip).map_err(|e| e.with_rank(rank))?;
+        let me = PeerInfo {
+            rank,
+            host_id: bootstrap::host_id(&cfg),
+            pid: std::process::id(),
+            hostname: bootstrap::hostname(),
+            ip,
+        };
+        let peers = bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout)?;
+        let c = Self::assemble(rdv.store, rdv.prefix, rdv.secret, rdv.server, rank, peers, cfg)?;
+        tracing::info!(
+            "{}:{} [{rank}] oxccl: communicator of {nranks} ranks ready in {:.1} ms",
+            me.hostname,
+            me.pid,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(c)
+    }
+
+    fn assemble(
+        store: Arc<dyn Store>,
+        prefix: String,
+        secret: [u8; 32],
+        server: Option<Arc<StoreServer>>,
+        rank: usize,
+        peers: Vec<PeerInfo>,
+        cfg: Config,
+    ) -> Result<Communicator> {
+        let nranks = peers.len();
+        let comm_id = comm_id_of(&prefix);
+        let ctx = TransportCtx {
+            rank,
+            nranks,
+            comm_id,
+            secret,
+            peers: peers.clone(),
+        };
+        let shm = if cfg.shm_disable {
+            None
+        } else {
+            Some(ShmTransport::new(
+                ctx.clone(),
+                ShmConfig {
+                    slots: cfg.slots,
+                    slot_bytes: cfg.chunk_bytes,
+                },
+            )?)
+        };
+        let tcp = TcpTransport::new(
+            ctx,
+            TcpConfig {
+                slots: cfg.slots,
+                slot_bytes: cfg.chunk_bytes,
+            },
+            peers[rank].ip,
+        );
+        Ok(Communicator {
+            sh: Arc::new(Shared {
+                rank,
+                nranks,
+                comm_id,
+                prefix,
+                peers,
+                cfg,
+                store,
+                secret,
+                server,
+                state: Mutex::new(State {
+                    conns: Conns::new(nranks),
+                    shm,
+                    tcp,
+                    seq: 0,
+                    p2p_tx: vec![0; nranks],
+                    p2p_rx: vec![0; nranks],
+                    splits: 0,
+                    error: None,
+                }),
+                aborted: AtomicBool::new(false),
+                abort_bell: Doorbell::new()?,
+                busy: AtomicBool::new(false),
+                async_pending: Mutex::new(0),
+                async_cv: Condvar::new(),
+            }),
+        })
+    }
+
+    /// Split into sub-communicators (`ncclCommSplit`): ranks with the same `color` form one,
+    /// ordered by `key` then by their rank here. A negative color (`NCCL_SPLIT_NOCOLOR`) takes part
+    /// in the split but gets `None`. Every rank must call it.
+    pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
+        let _busy = self.enter()?;
+        let sh = &self.sh;
+        let n = {
+            let mut st = sh.state.lock().unwrap();
+            check_state(sh, &st)?;
+            st.splits += 1;
+            st.splits
+        };
+        let base = format!("{}/split{n}", sh.prefix);
+        sh.store.set(&format!("{base}/{}", sh.rank), format!("{color} {key}").as_bytes())?;
+        let keys: Vec<String> = (0..sh.nranks).map(|r| format!("{base}/{r}")).collect();
+        let vals = sh.store.multi_get(&keys, sh.cfg.timeout).map_err(|e| e.with_rank(sh.rank).with_op("split"))?;
+        let mut members = Vec::new();
+        for (r, v) in vals.iter().enumerate() {
+            let s = std::str::from_utf8(v).map_err(|_| Error::remote("malformed split record"))?;
+            let (c, k) = s.split_once(' ').ok_or_else(|| Error::remote("malformed split record"))?;
+            let c: i32 = c.parse().map_err(|_| Error::remote("malformed split record"))?;
+            let k: i32 = k.parse().map_err(|_| Error::remote("malformed split record"))?;
+            if c == color && color >= 0 {
+                members.push((k, r));
+            }
+        }
+        if color < 0 {
+            return Ok(None);
+        }
+        members.sort_unstable();
+        let peers: Vec<PeerInfo> = members
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, r))| PeerInfo { rank: i, ..sh.peers[r].clone() })
+            .collect();
+        let rank = members.iter().position(|&(_, r)| r == sh.rank).unwrap();
+        Self::assemble(
+            sh.store.clone(),
+            format!("{base}/c{color}"),
+            sh.secret,
+            sh.server.clone(),
+            rank,
+            peers,
+            sh.cfg.clone(),
+        )
+        .map(Some)
+    }
+
+    /// This rank (`ncclCommUserRank`).
+    pub fn rank(&self) -> usize {
+        self.sh.rank
+    }
+
+    /// Number of ranks (`ncclCommCount`).
+    pub fn size(&self) -> usize {
+        self.sh.nranks
+    }
+
+    /// Information about every rank (host, pid, address).
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.sh.peers
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.sh.cfg
+    }
+
+    /// The first error this communicator hit, if any (`ncclCommGetAsyncError`). After an error
+    /// the communicator refuses further operations; abort it and build a new one.
+    pub fn error(&self) -> Option<Error> {
+        self.sh.state.lock().unwrap().error.clone()
+    }
+
+    /// Abort from any thread (`ncclCommAbort`): operations in progress return promptly with an
+    /// error, and later calls fail. Drop the communicator to release everything.
+    pub fn abort(&self) {
+        self.abort_handle().abort()
+    }
+
+    /// A handle to abort this communicator from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.sh.clone())
+    }
+
+    /// Release everything (`ncclCommDestroy`); the same as dropping it.
+    pub fn destroy(self) {}
+
+    // ---- operations ------------------------------------------------------------------------
+
+    fn enter(&self) -> Result<BusyGuard<'_>> {
+        if self.sh.busy.swap(true, Ordering::SeqCst) {
+            return Err(Error::invalid_usage(
+                "communicator used from two threads at once (operations on one communicator must be issued from one thread at a time)",
+            )
+            .with_rank(self.sh.rank));
+        }
+        Ok(BusyGuard(&self.sh.busy))
+    }
+
+    /// Run one operation on raw bytes: the untyped form under the typed methods and the C ABI.
+    /// Buffers are checked against `desc`'s counts.
+    pub fn run(&self, desc: OpDesc, mem: OpMem<'_>) -> Result<()> {
+        let mut g = Group::new();
+        g.add(self, desc, mem)?;
+        g.run()
+    }
+
+    /// Sum/prod/min/max/avg of `send` over all ranks, into `recv` on every rank.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.run(desc::<T>(Coll::AllReduce, op, send.len(), 0), split(send, recv))
+    }
+    /// In-place [`Communicator::all_reduce`].
+    pub fn all_reduce_inplace<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = buf.len();
+        self.run(desc::<T>(Coll::AllReduce, op, n, 0), self.inplace::<T>(Coll::AllReduce, n, 0, buf)?)
+    }
+    /// Every rank's `send` (equal lengths), concatenated in rank order into `recv`.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.run(desc::<T>(Coll::AllGather, ReduceOp::Sum, send.len(), 0), split(send, recv))
+    }
+    /// In-place [`Communicator::all_gather`]: this rank's block is already at
+    /// `buf[rank*count..]`, where `count = buf.len() / size`.
+    pub fn all_gather_inplace<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let c = self.per_rank(buf.len())?;
+        self.run(desc::<T>(Coll::AllGather, ReduceOp::Sum, c, 0), self.inplace::<T>(Coll::AllGather, c, 0, buf)?)
+    }
+    /// Reduce `send` (`size` blocks) over all ranks; block `rank` of the result lands in `recv`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.run(desc::<T>(Coll::ReduceScatter, op, recv.len(), 0), split(send, recv))
+    }
+    /// In-place [`Communicator::reduce_scatter`]: the result is left at `buf[rank*count..]`.
+    pub fn reduce_scatter_inplace<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let c = self.per_rank(buf.len())?;
+        self.run(desc::<T>(Coll::ReduceScatter, op, c, 0), self.inplace::<T>(Coll::ReduceScatter, c, 0, buf)?)
+    }
+    /// Copy `root`'s `buf` into every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let n = buf.len();
+        self.run(desc::<T>(Coll::Broadcast, ReduceOp::Sum, n, root), self.inplace::<T>(Coll::Broadcast, n, root, buf)?)
+    }
+    /// Out-of-place broadcast: `send` is read on `root` only (others may pass `&[]`).
+    pub fn broadcast_from<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.run(desc::<T>(Coll::Broadcast, ReduceOp::Sum, recv.len(), root), split(send, recv))
+    }
+    /// Reduce `send` over all ranks into `recv` on `root` (others may pass `&mut []`).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.run(desc::<T>(Coll::Reduce, op, send.len(), root), split(send, recv))
+    }
+    /// In-place [`Communicator::reduce`].
+    pub fn reduce_inplace<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let n = buf.len();
+        self.run(desc::<T>(Coll::Reduce, op, n, root), self.inplace::<T>(Coll::Reduce, n, root, buf)?)
+    }
+    /// Block `p` of `send` goes to rank `p`; block `p` of `recv` comes from rank `p`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let c = self.per_rank(send.len())?;
+        self.run(desc::<T>(Coll::AllToAll, ReduceOp::Sum, c, 0), split(send, recv))
+    }
+    /// Every rank's `send` concatenated into `recv` on `root` (others may pass `&mut []`).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.run(desc::<T>(Coll::Gather, ReduceOp::Sum, send.len(), root), split(send, recv))
+    }
+    /// Block `p` of `root`'s `send` into rank `p`'s `recv` (others may pass `&[]`).
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.run(desc::<T>(Coll::Scatter, ReduceOp::Sum, recv.len(), root), split(send, recv))
+    }
+    /// Send `buf` to `peer`. Without a [`Group`], a send larger than the connection's buffering
+    /// completes only once the peer receives.
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.run(desc::<T>(Coll::Send, ReduceOp::Sum, buf.len(), peer), split(buf, &mut []))
+    }
+    /// Receive `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.run(desc::<T>(Coll::Recv, ReduceOp::Sum, buf.len(), peer), split(&[], buf))
+    }
+    /// Wait until every rank arrives.
+    pub fn barrier(&self) -> Result<()> {
+        let mut b = [0u8; 1];
+        self.all_reduce_inplace(&mut b, ReduceOp::Sum)
+    }
+
+    fn per_rank(&self, len: usize) -> Result<usize> {
+        if len % self.sh.nranks != 0 {
+            return Err(Error::invalid_argument(format!(
+                "buffer of {len} elements is not divisible into {} equal blocks",
+                self.sh.nranks
+            ))
+            .with_rank(self.sh.rank));
+        }
+        Ok(len / self.sh.nranks)
+    }
+
+    fn inplace<'a, T: Element>(&self, coll: Coll, count: usize, root: usize, buf: &'a mut [T]) -> Result<OpMem<'a>> {
+        let es = std::mem::size_of::<T>();
+        let (io, oo, _) = inplace_layout(coll, self.sh.nranks, self.sh.rank, count, root.min(self.sh.nranks.saturating_sub(1)))
+            .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", coll.name())))?;
+        Ok(OpMem::InPlace {
+            buf: bytemuck::cast_slice_mut(buf),
+            in_off: io * es,
+            out_off: oo * es,
+        })
+    }
+
+    /// Check `desc` and `mem` against this communicator (sizes, root, in-place layout).
+    fn validate(&self, d: &OpDesc, mem: &OpMem<'_>) -> Result<()> {
+        let (n, r) = (self.sh.nranks, self.sh.rank);
+        let bad = |m: String| Err(Error::invalid_argument(m).with_rank(r).with_op(d.coll.name()));
+        if d.coll.rooted() && d.root >= n {
+            let what = if matches!(d.coll, Coll::Send | Coll::Recv) { "peer" } else { "root" };
+            return bad(format!("{what} {} is out of range (communicator of {n} ranks)", d.root));
+        }
+        let es = d.dtype.size();
+        let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
+        let bytes = |c: usize| c.checked_mul(es).filter(|b| *b <= isize::MAX as usize);
+        let (Some(bi), Some(bo)) = (bytes(ni), bytes(no)) else {
+            return bad(format!("count {} of {} overflows the address space", d.count, d.dtype.name()));
+        };
+        if let ReduceOp::PreMulSum(_) = d.op {
+            if !d.coll.reduces() {
+                return bad("pre-multiplied sum on an operation that does not reduce".into());
+            }
+        }
+        match mem {
+            OpMem::Split { input, output } => {
+                if ni > 0 && input.len() != bi {
+                    return bad(format!("send buffer has {} bytes, {} needs {bi} ({ni} x {})", input.len(), d.coll.name(), d.dtype.name()));
+                }
+                if no > 0 && output.len() != bo {
+                    return bad(format!("receive buffer has {} bytes, {} needs {bo} ({no} x {})", output.len(), d.coll.name(), d.dtype.name()));
+                }
+            }
+            OpMem::InPlace { buf, in_off, out_off } => {
+                let Some((io, oo, len)) = inplace_layout(d.coll, n, r, d.count, d.root) else {
+                    return bad(format!("{} has no in-place form", d.coll.name()));
+                };
+                if buf.len() != len * es || *in_off != io * es || *out_off != oo * es {
+                    return bad(format!(
+                        "in-place buffer of {} bytes does not match {}'s layout ({} bytes, input at {}, output at {})",
+                        buf.len(),
+                        d.coll.name(),
+                        len * es,
+                        io * es,
+                        oo * es
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+struct BusyGuard<'a>(&'a AtomicBool);
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+fn check_rank(nranks: usize, rank: usize) -> Result<()> {
+    if nranks == 0 || rank >= nranks {
+        return Err(Error::invalid_argument(format!("rank {rank} is out of range for {nranks} ranks")));
+    }
+    Ok(())
+}
+
+fn check_state(sh: &Shared, st: &State) -> Result<()> {
+    if sh.aborted.load(Ordering::SeqCst) {
+        return Err(Error::invalid_usage("communicator was aborted").with_rank(sh.rank));
+    }
+    if let Some(e) = &st.error {
+        let mut e2 = Error::new(e.kind, format!("communicator failed earlier: {e}"));
+        e2.rank = Some(sh.rank);
+        return Err(e2);
+    }
+    Ok(())
+}
+
+fn desc<T: Element>(coll: Coll, op: ReduceOp, count: usize, root: usize) -> OpDesc {
+    OpDesc { coll, dtype: T::DTYPE, op, count, root }
+}
+
+fn split<'a, T: Element>(send: &'a [T], recv: &'a mut [T]) -> OpMem<'a> {
+    OpMem::Split {
+        input: bytemuck::cast_slice(send),
+        output: bytemuck::cast_slice_mut(recv),
+    }
+}
+
+impl Shared {
+    fn transport_for<'s>(&self, st: &'s State, peer: usize) -> &'s dyn Transport {
+        let (me, p) = (&self.peers[self.rank], &self.peers[peer]);
+        match &st.shm {
+            Some(s) if s.can_connect(me, p) => s,
+            _ => &st.tcp,
+        }
+    }
+
+    /// Wait for a store key in short slices, so abort and the deadline are noticed.
+    fn wait_key(&self, key: &str, deadline: Instant, peer: usize) -> Result<Vec<u8>> {
+        loop {
+            if self.aborted.load(Ordering::SeqCst) {
+                return Err(Error::invalid_usage("communicator was aborted").with_rank(self.rank));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
+                Ok(v) => return Ok(v),
+                Err(e) if e.kind == crate::ErrorKind::Timeout && !left.is_zero() => continue,
+                Err(e) if e.kind == crate::ErrorKind::Timeout => {
+                    return Err(Error::timeout(format!(
+                        "connection setup: rank {peer} did not take part within {:.1} s",
+                        self.cfg.timeout.as_secs_f64()
+                    ))
+                    .with_rank(self.rank)
+                    .with_peer(peer))
+                }
+                Err(e) => return Err(e.with_rank(self.rank).with_peer(peer)),
+            }
+        }
+    }
+}
+
+/// Connection setup of one communicator, in three phases that every communicator of a group
+/// runs in lock step (so one thread can set up many communicators that wait on each other):
+/// 1. publish receive blobs; 2. connect sends and acknowledge; 3. accept receives.
+struct Setup<'s> {
+    sh: &'s Shared,
+    rx: Vec<usize>,
+    tx: Vec<usize>,
+    pending: Vec<(usize, Box<dyn oxccl_transport::PendingRecv>)>,
+    deadline: Instant,
+}
+
+impl<'s> Setup<'s> {
+    fn key(&self, kind: &str, a: usize, b: usize) -> String {
+        format!("{}/{kind}/{a}->{b}", self.sh.prefix)
+    }
+
+    fn new(sh: &'s Shared, rx: &[usize], tx: &[usize]) -> Self {
+        let st = sh.state.lock().unwrap();
+        Setup {
+            sh,
+            rx: rx.iter().copied().filter(|&p| st.conns.recv[p].is_none()).collect(),
+            tx: tx.iter().copied().filter(|&q| st.conns.send[q].is_none()).collect(),
+            pending: Vec::new(),
+            deadline: Instant::now() + sh.cfg.timeout,
+        }
+    }
+
+    fn publish(&mut self) -> Result<()> {
+        let (sh, me) = (self.sh, self.sh.rank);
+        for &p in &self.rx {
+            let (pr, blob) = {
+                let st = sh.state.lock().unwrap();
+                sh.transport_for(&st, p).setup_recv(p).map_err(|e| e.with_rank(me))?
+            };
+            sh.store.set(&self.key("conn", p, me), &blob)?;
+            self.pending.push((p, pr));
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self) -> Result<()> {
+        let (sh, me) = (self.sh, self.sh.rank);
+        for &q in &self.tx {
+            let blob = sh.wait_key(&self.key("conn", me, q), self.deadline, q)?;
+            let mut st = sh.state.lock().unwrap();
+            let t = sh.transport_for(&st, q);
+            let name = t.name();
+            let c = t.connect_send(q, &blob, self.deadline).map_err(|e| e.with_rank(me).with_peer(q))?;
+            st.conns.send[q] = Some(c);
+            drop(st);
+            sh.store.set(&self.key("ack", me, q), b"1")?;
+            tracing::info!(
+                "{}:{} [{me}] NCCL INFO Channel 00 : {me}[{me}] -> {q}[{q}] via {name}",
+                sh.peers[me].hostname,
+                sh.peers[me].pid
+            );
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self) -> Result<()> {
+        let (sh, me) = (self.sh, self.sh.rank);
+        for (p, pr) in std::mem::take(&mut self.pending) {
+            sh.wait_key(&self.key("ack", p, me), self.deadline, p)?;
+            let c = pr.accept(self.deadline).map_err(|e| e.with_rank(me).with_peer(p))?;
+            sh.state.lock().unwrap().conns.recv[p] = Some(c);
+            let _ = sh.store.delete(&self.key("conn", p, me));
+            let _ = sh.store.delete(&self.key("ack", p, me));
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Wait until the asynchronous operations already queued on this communicator finished.
+    pub(crate) fn wait_async_idle(&self) {
+        let mut g = self.async_pending.lock().unwrap();
+        while *g > 0 {
+            g = self.async_cv.wait(g).unwrap();
+        }
+    }
+}
+
+/// Operations that progress together (`ncclGroupStart`/`ncclGroupEnd`): matching sends and
+/// receives, and operations on many communicators from one thread, cannot deadlock.
+///
+/// ```no_run
+/// # use oxccl::{Communicator, Group};
+/// # fn f(comms: &[Communicator], a: &[f32], b: &mut [f32]) -> oxccl::Result<()> {
+/// let (c, n) = (&comms[0], comms[0].size());
+/// let mut g = Group::new();
+/// g.send(c, a, (c.rank() + 1) % n)?;
+/// g.recv(c, b, (c.rank() + n - 1) % n)?;
+/// g.run()?;
+/// # Ok(()) }
+/// ```
+#[derive(Default)]
+pub struct Group<'a> {
+    ops: Vec<(&'a Communicator, OpDesc, OpMem<'a>)>,
+}
+
+impl<'a> Group<'a> {
+    /// An empty group.
+    pub fn new() -> Self {
+        Group { ops: Vec::new() }
+    }
+
+    /// Add any operation in its untyped form.
+    pub fn add(&mut self, comm: &'a Communicator, desc: OpDesc, mem: OpMem<'a>) -> Result<&mut Self> {
+        comm.validate(&desc, &mem)?;
+        self.ops.push((comm, desc, mem));
+        Ok(self)
+    }
+
+    /// Add a send.
+    pub fn send<T: Element>(&mut self, comm: &'a Communicator, buf: &'a [T], peer: usize) -> Result<&mut Self> {
+        self.add(comm, desc::<T>(Coll::Send, ReduceOp::Sum, buf.len(), peer), split(buf, &mut []))
+    }
+
+    /// Add a receive.
+    pub fn recv<T: Element>(&mut self, comm: &'a Communicator, buf: &'a mut [T], peer: usize) -> Result<&mut Self> {
+        self.add(comm, desc::<T>(Coll::Recv, ReduceOp::Sum, buf.len(), peer), split(&[], buf))
+    }
+
+    /// Add an all-reduce.
+    pub fn all_reduce<T: Element>(&mut self, comm: &'a Communicator, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<&mut Self> {
+        self.add(comm, desc::<T>(Coll::AllReduce, op, send.len(), 0), split(send, recv))
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the group is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Run every operation to completion.
+    pub fn run(self) -> Result<()> {
+        if self.ops.is_empty() {
+            return Ok(());
+        }
+        // distinct communicators, in first-use order
+        let mut comms: Vec<&Communicator> = Vec::new();
+        for (c, _, _) in &self.ops {
+            if !comms.iter().any(|x| Arc::ptr_eq(&x.sh, &c.sh)) {
+                comms.push(c);
+            }
+        }
+        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Vec<_>>>()?;
+        for c in &comms {
+            c.sh.wait_async_idle();
+            check_state(&c.sh, &c.sh.state.lock().unwrap())?;
+        }
+        // pass 1: sequence numbers and schedules, in the order the ops were added (which is the
+        // order they use each connection)
+        let mut runs: Vec<OpRun<'a>> = Vec::with_capacity(self.ops.len());
+        for (c, d, mem) in self.ops {
+            let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
+            let sh = &*c.sh;
+            let seq = {
+                let mut st = sh.state.lock().unwrap();
+                let ctr = match d.coll {
+                    Coll::Send => &mut st.p2p_tx[d.root],
+                    Coll::Recv => &mut st.p2p_rx[d.root],
+                    _ => &mut st.seq,
+                };
+                *ctr += 1;
+                *ctr - 1
+            };
+            let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
+            let sched = build(&Params {
+                coll: d.coll,
+                nranks: sh.nranks,
+                rank: sh.rank,
+                count: d.count,
+                root: d.root,
+                chunk,
+                avg: d.op == ReduceOp::Avg && d.coll.reduces(),
+            });
+            let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
+            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count };
+            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
+        }
+        // pass 2: connect what the ops need, all communicators phase by phase
+        let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
+        let mut setups: Vec<Setup<'_>> = shareds
+            .iter()
+            .enumerate()
+            .map(|(ci, sh)| {
+                let (mut rx, mut tx) = (Vec::new(), Vec::new());
+                for r in runs.iter().filter(|r| r.comm == ci) {
+                    let (a, b) = r.sched.peers();
+                    rx.extend(a);
+                    tx.extend(b);
+                }
+                rx.sort_unstable();
+                rx.dedup();
+                tx.sort_unstable();
+                tx.dedup();
+                Setup::new(sh, &rx, &tx)
+            })
+            .collect();
+        let phased = (|| -> Result<()> {
+            setups.iter_mut().try_for_each(|s| s.publish())?;
+            setups.iter_mut().try_for_each(|s| s.connect())?;
+            setups.iter_mut().try_for_each(|s| s.accept())
+        })();
+        drop(setups);
+        if let Err(e) = phased {
+            for sh in &shareds {
+                sh.state.lock().unwrap().error.get_or_insert(e.clone());
+            }
+            return Err(e);
+        }
+        let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
+        let spin = shareds.iter().map(|sh| sh.cfg.spin).max().unwrap();
+        let res = drive(&shareds, &mut runs, Policy { spin, deadline });
+        if let Err(e) = &res {
+            for sh in &shareds {
+                sh.state.lock().unwrap().error.get_or_insert(e.clone());
+            }
+        }
+        res
+    }
+}

@@ -1,0 +1,290 @@
+//! Depth 2: threads as ranks in one process, over the real shm (and tcp) transports.
+
+use oxccl::exact::{coll_input, count_wrong, expected_output, premul_two};
+use oxccl::{Coll, Communicator, Config, DataType, ErrorKind, Group, OpDesc, OpMem, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn cfg() -> Config {
+    let mut c = Config::default();
+    c.timeout = Duration::from_secs(60);
+    c.chunk_bytes = 4096; // small slots: many chunks even for small counts
+    c
+}
+
+fn on_all<F>(comms: Vec<Communicator>, f: F)
+where
+    F: Fn(&Communicator) + Sync,
+{
+    std::thread::scope(|s| {
+        for c in &comms {
+            let f = &f;
+            s.spawn(move || f(c));
+        }
+    });
+}
+
+const COLLS: [Coll; 8] = [
+    Coll::AllReduce,
+    Coll::AllGather,
+    Coll::ReduceScatter,
+    Coll::Broadcast,
+    Coll::Reduce,
+    Coll::AllToAll,
+    Coll::Gather,
+    Coll::Scatter,
+];
+
+/// Run `coll` through the untyped API and check it bit for bit.
+fn check(c: &Communicator, coll: Coll, dt: DataType, op: ReduceOp, count: usize, root: usize, inplace: bool) {
+    let (n, r) = (c.size(), c.rank());
+    let input = coll_input(coll, dt, op, n, r, count, root, 3);
+    let want = expected_output(coll, dt, op, n, r, count, root, 3);
+    let d = OpDesc { coll, dtype: dt, op, count, root };
+    let es = dt.size();
+    let got = if inplace {
+        let (io, oo, len) = oxccl::schedule::inplace_layout(coll, n, r, count, root).unwrap();
+        let mut buf = vec![0u8; len * es];
+        buf[io * es..io * es + input.len()].copy_from_slice(&input);
+        c.run(d, OpMem::InPlace { buf: &mut buf, in_off: io * es, out_off: oo * es }).unwrap();
+        buf[oo * es..oo * es + want.len()].to_vec()
+    } else {
+        let mut out = vec![0u8; want.len()];
+        c.run(d, OpMem::Split { input: &input, output: &mut out }).unwrap();
+        out
+    };
+    let wrong = count_wrong(dt, &got, &want);
+    assert_eq!(wrong, 0, "rank {r}: {coll:?} {dt:?} {op:?} count {count} root {root} inplace {inplace}");
+}
+
+#[test]
+fn every_collective_type_and_op_on_threads() {
+    for n in [1, 2, 3, 4] {
+        let comms = Communicator::init_all_with_config(n, cfg()).unwrap();
+        on_all(comms, |c| {
+            for coll in COLLS {
+                for dt in DataType::ALL {
+                    let ops: Vec<ReduceOp> = if coll.reduces() {
+                        ReduceOp::BASIC.into_iter().chain([premul_two(dt)]).collect()
+                    } else {
+                        vec![ReduceOp::Sum]
+                    };
+                    for op in ops {
+                        for count in [0, 1, 1000 + n] {
+                            let root = count % n;
+                            check(c, coll, dt, op, count, root, false);
+                            if oxccl::schedule::inplace_layout(coll, 2, 0, 1, 0).is_some() {
+                                check(c, coll, dt, op, count, root, true);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn eight_ranks_large_messages_over_shm_and_tcp() {
+    for shm in [true, false] {
+        let mut cf = cfg();
+        cf.chunk_bytes = 64 << 10;
+        cf.shm_disable = !shm;
+        let comms = Communicator::init_all_with_config(8, cf).unwrap();
+        on_all(comms, |c| {
+            for coll in [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll, Coll::Broadcast] {
+                check(c, coll, DataType::F32, ReduceOp::Sum, 100_003, 5, false);
+            }
+            check(c, Coll::AllReduce, DataType::BF16, ReduceOp::Avg, 77_777, 0, true);
+        });
+    }
+}
+
+#[test]
+fn typed_api() {
+    let comms = Communicator::init_all_with_config(3, cfg()).unwrap();
+    on_all(comms, |c| {
+        let (n, r) = (c.size(), c.rank());
+        let mut v: Vec<f32> = (0..10).map(|i| (r * 10 + i) as f32).collect();
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        let want: Vec<f32> = (0..10).map(|i| (0..n).map(|q| (q * 10 + i) as f32).sum()).collect();
+        assert_eq!(v, want);
+
+        let mut g = vec![0i64; 2 * n];
+        c.all_gather(&[r as i64, -(r as i64)], &mut g).unwrap();
+        assert_eq!(g, (0..n).flat_map(|q| [q as i64, -(q as i64)]).collect::<Vec<_>>());
+
+        let mut b = vec![r as u8; 5];
+        c.broadcast(&mut b, 2).unwrap();
+        assert_eq!(b, vec![2u8; 5]);
+
+        let mut out = if r == 1 { vec![0u32; 4] } else { vec![] };
+        c.reduce(&[r as u32 + 1; 4], &mut out, ReduceOp::Prod, 1).unwrap();
+        if r == 1 {
+            assert_eq!(out, vec![6u32; 4]);
+        }
+
+        let mut x = vec![half::f16::from_f32(1.5); 7];
+        c.all_reduce_inplace(&mut x, ReduceOp::Max).unwrap();
+        assert_eq!(x[0].to_f32(), 1.5);
+        c.barrier().unwrap();
+
+        // count 0 is a no-op
+        c.all_reduce::<f64>(&[], &mut [], ReduceOp::Sum).unwrap();
+    });
+}
+
+#[test]
+fn groups_make_send_recv_rings_and_self_sends_work() {
+    let n = 4;
+    let comms = Communicator::init_all_with_config(n, cfg()).unwrap();
+    on_all(comms, |c| {
+        let (n, r) = (c.size(), c.rank());
+        // a ring of sends larger than the connection buffering: needs the group
+        let a: Vec<u32> = (0..50_000).map(|i| (r * 1_000_000 + i) as u32).collect();
+        let mut b = vec![0u32; 50_000];
+        let mut s = vec![0u32; 3];
+        let mut g = Group::new();
+        g.send(c, &a, (r + 1) % n).unwrap();
+        g.recv(c, &mut b, (r + n - 1) % n).unwrap();
+        g.send(c, &a[..3], r).unwrap();
+        g.recv(c, &mut s, r).unwrap();
+        g.run().unwrap();
+        let p = (r + n - 1) % n;
+        assert_eq!(b, (0..50_000).map(|i| (p * 1_000_000 + i) as u32).collect::<Vec<_>>());
+        assert_eq!(s, a[..3]);
+    });
+}
+
+#[test]
+fn one_thread_drives_all_ranks_in_a_group() {
+    // NCCL's single-process pattern: ncclCommInitAll, then one thread issues every rank's call
+    let comms = Communicator::init_all_with_config(4, cfg()).unwrap();
+    let ins: Vec<Vec<i32>> = (0..4).map(|r| vec![r as i32 + 1; 100_000]).collect();
+    let mut outs: Vec<Vec<i32>> = (0..4).map(|_| vec![0; 100_000]).collect();
+    let mut g = Group::new();
+    for ((c, i), o) in comms.iter().zip(&ins).zip(outs.iter_mut()) {
+        g.all_reduce(c, i, o, ReduceOp::Sum).unwrap();
+    }
+    g.run().unwrap();
+    for o in outs {
+        assert!(o.iter().all(|&x| x == 10));
+    }
+}
+
+#[test]
+fn split_by_color_and_key() {
+    let comms = Communicator::init_all_with_config(6, cfg()).unwrap();
+    on_all(comms, |c| {
+        let r = c.rank();
+        let color = if r == 5 { -1 } else { (r % 2) as i32 };
+        let sub = c.split(color, -(r as i32)).unwrap();
+        if r == 5 {
+            assert!(sub.is_none());
+            // the parent still works
+        } else {
+            let sub = sub.unwrap();
+            let members: Vec<usize> = (0..5).filter(|q| q % 2 == r % 2).rev().collect();
+            assert_eq!(sub.size(), members.len());
+            assert_eq!(sub.rank(), members.iter().position(|&q| q == r).unwrap());
+            let mut v = vec![r as i32];
+            sub.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+            assert_eq!(v[0], members.iter().map(|&q| q as i32).sum::<i32>());
+        }
+        let mut v = [1u8];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v[0], 6);
+    });
+}
+
+#[test]
+fn bad_arguments_are_refused_without_side_effects() {
+    let comms = Communicator::init_all_with_config(2, cfg()).unwrap();
+    on_all(comms, |c| {
+        let e = c.all_gather(&[1.0f32; 3], &mut [0.0f32; 5]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("receive buffer"), "{e}");
+        let e = c.broadcast(&mut [0u8; 3], 7).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("root 7"), "{e}");
+        let e = c.send(&[1u8], 2).unwrap_err();
+        assert!(e.to_string().contains("peer 2"), "{e}");
+        let e = c.all_to_all(&[0u8; 3], &mut [0u8; 3]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        let e = c
+            .run(
+                OpDesc { coll: Coll::AllToAll, dtype: DataType::U8, op: ReduceOp::Sum, count: 1, root: 0 },
+                OpMem::InPlace { buf: &mut [0u8; 2], in_off: 0, out_off: 0 },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("in-place"), "{e}");
+        let e = c
+            .run(
+                OpDesc { coll: Coll::AllReduce, dtype: DataType::F64, op: ReduceOp::Sum, count: usize::MAX / 4, root: 0 },
+                OpMem::Split { input: &[], output: &mut [] },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+        // the communicator is still healthy: bad input lost nothing
+        let mut v = [c.rank() as u32 + 1];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v[0], 3);
+    });
+}
+
+#[test]
+fn mismatched_collectives_fail_loudly_on_both_ranks() {
+    let mut cf = cfg();
+    cf.timeout = Duration::from_secs(20);
+    let comms = Communicator::init_all_with_config(2, cf).unwrap();
+    on_all(comms, |c| {
+        let t = Instant::now();
+        let e = if c.rank() == 0 {
+            c.all_reduce_inplace(&mut [0f32; 64], ReduceOp::Sum).unwrap_err()
+        } else {
+            c.all_reduce_inplace(&mut [0f32; 64], ReduceOp::Max).unwrap_err()
+        };
+        assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        let s = e.to_string();
+        assert!(s.contains("op=sum") && s.contains("op=max"), "both calls shown: {s}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+        // sticky
+        assert!(c.barrier().is_err());
+    });
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_waiting_rank() {
+    let comms = Communicator::init_all_with_config(2, cfg()).unwrap();
+    let c0 = &comms[0];
+    let h = c0.abort_handle();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            h.abort();
+        });
+        let t = Instant::now();
+        // rank 1 never joins: rank 0 would wait for the timeout
+        let e = c0.all_reduce_inplace(&mut [1f32; 8], ReduceOp::Sum).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(e.to_string().contains("abort"), "{e}");
+    });
+    assert!(c0.barrier().is_err(), "aborted stays aborted");
+}
+
+#[test]
+fn timeout_names_the_missing_peer() {
+    let mut cf = cfg();
+    cf.timeout = Duration::from_millis(1500);
+    let comms = Communicator::init_all_with_config(3, cf).unwrap();
+    // connect everyone first
+    on_all(comms, |c| {
+        c.barrier().unwrap();
+        if c.rank() != 2 {
+            let t = Instant::now();
+            let e = c.all_reduce_inplace(&mut [1i32; 4], ReduceOp::Sum).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+            assert!(t.elapsed() < Duration::from_secs(5));
+            assert!(e.to_string().contains("rank"), "{e}");
+        }
+    });
+}
