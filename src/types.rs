@@ -224,7 +224,36 @@ fn fp8_decode(b: u8, exp_bits: u32, man_bits: u32, bias: i32, ieee_special: bool
     }
 }
 
-/// Round to nearest even, saturating to the largest finite value (CUDA's `__NV_SATFINITE`).
+/// Fast f32 -> fp8: round to nearest even on the bit pattern, saturating to the largest finite
+/// value (CUDA's `__NV_SATFINITE`); NaN maps to `nan`.
+#[inline]
+fn fp8_encode_bits(x: f32, man_bits: u32, bias: i32, max_code: u8, nan: u8) -> u8 {
+    if x.is_nan() {
+        return nan;
+    }
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs();
+    let bits = a.to_bits();
+    let exp32 = (bits >> 23) as i32 - 127;
+    let code: u32 = if exp32 < 1 - bias {
+        // subnormal in the target (or zero): an integer multiple of the smallest subnormal
+        (a * 2f32.powi(bias - 1 + man_bits as i32)).round_ties_even() as u32
+    } else {
+        let shift = 23 - man_bits;
+        let rounded = (bits + ((1 << (shift - 1)) - 1) + ((bits >> shift) & 1)) >> shift;
+        let e = (rounded >> man_bits) as i32 - 127 + bias;
+        if e > 15 + (man_bits == 2) as i32 * 16 {
+            u32::MAX
+        } else {
+            ((e as u32) << man_bits) | (rounded & ((1 << man_bits) - 1))
+        }
+    };
+    sign | code.min(max_code as u32) as u8
+}
+
+/// Round to nearest even, saturating (the slow, obviously correct reference of
+/// [`fp8_encode_bits`]; used by tests).
+#[cfg_attr(not(test), allow(dead_code))]
 fn fp8_encode(x: f32, decode: fn(u8) -> f32, max_code: u8, nan: u8) -> u8 {
     if x.is_nan() {
         return nan;
@@ -254,25 +283,32 @@ fn fp8_encode(x: f32, decode: fn(u8) -> f32, max_code: u8, nan: u8) -> u8 {
     sign | code
 }
 
+static E4M3_TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+static E5M2_TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+
 impl F8E4M3 {
     /// To f32 (exact).
+    #[inline]
     pub fn to_f32(self) -> f32 {
-        fp8_decode(self.0, 4, 3, 7, false)
+        E4M3_TABLE.get_or_init(|| std::array::from_fn(|c| fp8_decode(c as u8, 4, 3, 7, false)))[self.0 as usize]
     }
     /// From f32, rounding to nearest even and saturating.
+    #[inline]
     pub fn from_f32(x: f32) -> Self {
-        F8E4M3(fp8_encode(x, |c| F8E4M3(c).to_f32(), 0x7E, 0x7F))
+        F8E4M3(fp8_encode_bits(x, 3, 7, 0x7E, 0x7F))
     }
 }
 
 impl F8E5M2 {
     /// To f32 (exact).
+    #[inline]
     pub fn to_f32(self) -> f32 {
-        fp8_decode(self.0, 5, 2, 15, true)
+        E5M2_TABLE.get_or_init(|| std::array::from_fn(|c| fp8_decode(c as u8, 5, 2, 15, true)))[self.0 as usize]
     }
     /// From f32, rounding to nearest even and saturating.
+    #[inline]
     pub fn from_f32(x: f32) -> Self {
-        F8E5M2(fp8_encode(x, |c| F8E5M2(c).to_f32(), 0x7B, 0x7F))
+        F8E5M2(fp8_encode_bits(x, 2, 15, 0x7B, 0x7F))
     }
 }
 
@@ -456,6 +492,39 @@ mod tests {
         // 1.0625 lies halfway between 1.0 (mantissa 0, even) and 1.125: ties to even
         assert_eq!(F8E4M3::from_f32(1.0625).to_f32(), 1.0);
         assert_eq!(F8E4M3(0x01).to_f32(), 2f32.powi(-9), "smallest subnormal");
+    }
+
+    #[test]
+    fn fast_fp8_encoding_matches_the_reference() {
+        let mut xs: Vec<f32> = vec![0.0, -0.0, 1e-30, 1e30, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE];
+        // every fp8 value, the midpoints between neighbours, and nudges around them
+        for c in 0..=255u8 {
+            for v in [F8E4M3(c).to_f32(), F8E5M2(c).to_f32()] {
+                if v.is_finite() {
+                    xs.extend([v, f32::from_bits(v.to_bits() + 1), f32::from_bits(v.to_bits().saturating_sub(1))]);
+                }
+            }
+            for (a, b) in [(F8E4M3(c), F8E4M3(c.wrapping_add(1))), (F8E4M3(c), F8E4M3(c))] {
+                let m = (a.to_f32() + b.to_f32()) / 2.0;
+                xs.push(m);
+            }
+            let (a, b) = (F8E5M2(c).to_f32(), F8E5M2(c.wrapping_add(1)).to_f32());
+            xs.push((a + b) / 2.0);
+        }
+        let mut z = 1u64;
+        for _ in 0..200_000 {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            xs.push(f32::from_bits((z >> 32) as u32));
+        }
+        for x in xs {
+            if x.is_nan() {
+                continue;
+            }
+            let slow4 = fp8_encode(x, |c| F8E4M3(c).to_f32(), 0x7E, 0x7F);
+            let slow5 = fp8_encode(x, |c| F8E5M2(c).to_f32(), 0x7B, 0x7F);
+            assert_eq!(F8E4M3::from_f32(x).0, slow4, "e4m3 of {x:e}");
+            assert_eq!(F8E5M2::from_f32(x).0, slow5, "e5m2 of {x:e}");
+        }
     }
 
     #[test]

@@ -1,1 +1,553 @@
-fn main() {}
+//! `oxccl-perf`: oxccl's benchmark, speaking nccl-tests' flags and table.
+//!
+//! ```text
+//! oxccl-perf                                   # 2 local ranks, allreduce, 8 B .. 64 MiB
+//! oxccl-perf --np 4 --coll all -d all -o all -b 1 -e 1M -f 16 -c 1
+//! oxccl-perf --np 5 --hosts 2 ...              # ranks spread over 2 host ids (TCP between)
+//! torchrun --nproc-per-node 2 oxccl-perf ...   # or mpirun -np 2 oxccl-perf ...
+//! ```
+//! Flags: `-b` min bytes, `-e` max bytes, `-f` step factor, `-i` step bytes, `-n` iterations,
+//! `-w` warmup iterations, `-c` check (0/1), `-o` op (`sum|prod|min|max|avg|premulsum|all`),
+//! `-d` type (`float|half|bfloat16|...|all`), `-r` root (or `all`), `--coll`
+//! (`allreduce|allgather|reducescatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|all`),
+//! `--np N`, `--hosts H`. Sizes take K/M/G suffixes. The exit status is non-zero if any result
+//! is wrong or any operation fails.
+
+#![forbid(unsafe_code)]
+
+use oxccl::exact::{coll_input, count_wrong, expected_output, premul_two};
+use oxccl::schedule::inplace_layout;
+use oxccl::{Coll, Communicator, DataType, OpDesc, OpMem, ReduceOp, UniqueId};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    min: usize,
+    max: usize,
+    factor: usize,
+    step: usize,
+    iters: usize,
+    warmup: usize,
+    check: bool,
+    ops: Vec<String>,
+    types: Vec<DataType>,
+    roots: Option<Vec<usize>>,
+    colls: Vec<&'static str>,
+    np: Option<usize>,
+    hosts: usize,
+}
+
+const ALL_COLLS: [&str; 9] = [
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "broadcast",
+    "reduce",
+    "alltoall",
+    "gather",
+    "scatter",
+    "sendrecv",
+];
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .map(|n| n * mul)
+        .map_err(|_| format!("bad size {s:?}"))
+}
+
+fn usage() -> String {
+    "usage: oxccl-perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n\
+     \x20                 [-o sum|prod|min|max|avg|premulsum|all] [-d TYPE|all] [-r ROOT|all]\n\
+     \x20                 [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|all]\n\
+     \x20                 [--np N] [--hosts H]"
+        .into()
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        min: 8,
+        max: 64 << 20,
+        factor: 2,
+        step: 0,
+        iters: 20,
+        warmup: 5,
+        check: false,
+        ops: vec!["sum".into()],
+        types: vec![DataType::F32],
+        roots: None,
+        colls: vec!["allreduce"],
+        np: None,
+        hosts: 1,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a, None),
+        };
+        let mut val = || -> Result<String, String> {
+            if let Some(v) = inline.clone() {
+                return Ok(v);
+            }
+            i += 1;
+            args.get(i).cloned().ok_or_else(|| format!("{flag} needs a value\n{}", usage()))
+        };
+        match flag {
+            "-b" | "--minbytes" => o.min = parse_size(&val()?)?,
+            "-e" | "--maxbytes" => o.max = parse_size(&val()?)?,
+            "-f" | "--stepfactor" => o.factor = val()?.parse().map_err(|_| "bad -f")?,
+            "-i" | "--stepbytes" => o.step = parse_size(&val()?)?,
+            "-n" | "--iters" => o.iters = val()?.parse().map_err(|_| "bad -n")?,
+            "-w" | "--warmup_iters" => o.warmup = val()?.parse().map_err(|_| "bad -w")?,
+            "-c" | "--check" => o.check = val()? != "0",
+            "-o" | "--op" => {
+                let v = val()?;
+                o.ops = if v == "all" {
+                    ["sum", "prod", "max", "min", "avg", "premulsum"].map(String::from).to_vec()
+                } else {
+                    if !["sum", "prod", "max", "min", "avg", "premulsum", "mulsum"].contains(&v.as_str()) {
+                        return Err(format!("unknown op {v:?}"));
+                    }
+                    vec![v]
+                }
+            }
+            "-d" | "--datatype" => {
+                let v = val()?;
+                o.types = if v == "all" {
+                    DataType::ALL.to_vec()
+                } else {
+                    vec![DataType::parse(&v).ok_or_else(|| format!("unknown type {v:?}"))?]
+                }
+            }
+            "-r" | "--root" => {
+                let v = val()?;
+                o.roots = if v == "all" { Some(vec![]) } else { Some(vec![v.parse().map_err(|_| "bad -r")?]) };
+            }
+            "--coll" => {
+                let v = val()?;
+                o.colls = if v == "all" {
+                    ALL_COLLS.to_vec()
+                } else {
+                    let mut cs = vec![];
+                    for c in v.split(',') {
+                        cs.push(*ALL_COLLS.iter().find(|x| **x == c).ok_or_else(|| format!("unknown collective {c:?}"))?);
+                    }
+                    cs
+                }
+            }
+            "--np" => o.np = Some(val()?.parse().map_err(|_| "bad --np")?),
+            "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
+            "-g" | "-t" | "-p" | "-a" | "-m" | "-z" | "-G" | "-C" | "-u" => {
+                let _ = val()?; // nccl-tests flags with no meaning here
+            }
+            "-h" | "--help" => return Err(usage()),
+            other => return Err(format!("unknown flag {other:?}\n{}", usage())),
+        }
+        i += 1;
+    }
+    if o.min == 0 || o.max < o.min || (o.factor < 2 && o.step == 0) || o.iters == 0 || o.hosts == 0 {
+        return Err(format!("bad size range or factors\n{}", usage()));
+    }
+    Ok(o)
+}
+
+fn coll_of(name: &str) -> Coll {
+    match name {
+        "allreduce" => Coll::AllReduce,
+        "allgather" => Coll::AllGather,
+        "reducescatter" => Coll::ReduceScatter,
+        "broadcast" => Coll::Broadcast,
+        "reduce" => Coll::Reduce,
+        "alltoall" => Coll::AllToAll,
+        "gather" => Coll::Gather,
+        "scatter" => Coll::Scatter,
+        _ => Coll::Send,
+    }
+}
+
+/// nccl-tests' bus bandwidth factor.
+fn bus_factor(name: &str, n: usize) -> f64 {
+    let n = n as f64;
+    match name {
+        "allreduce" => 2.0 * (n - 1.0) / n,
+        "allgather" | "reducescatter" | "alltoall" | "gather" | "scatter" => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+fn op_of(name: &str, dt: DataType) -> ReduceOp {
+    match name {
+        "prod" => ReduceOp::Prod,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "avg" => ReduceOp::Avg,
+        "premulsum" | "mulsum" => premul_two(dt),
+        _ => ReduceOp::Sum,
+    }
+}
+
+struct Result1 {
+    us: f64,
+    wrong: usize,
+}
+
+/// Time `iters` runs of one operation and optionally check one more run.
+fn bench_one(c: &Communicator, o: &Opts, name: &str, dt: DataType, op: ReduceOp, count: usize, root: usize, inplace: bool) -> oxccl::Result<Option<Result1>> {
+    let (n, r) = (c.size(), c.rank());
+    let es = dt.size();
+    if name == "sendrecv" {
+        if inplace {
+            return Ok(None);
+        }
+        let input = coll_input(Coll::Send, dt, op, n, r, count, r, 1);
+        let mut out = vec![0u8; count * es];
+        let run = |out: &mut [u8]| -> oxccl::Result<()> {
+            let mut g = oxccl::Group::new();
+            g.add(c, OpDesc { coll: Coll::Send, dtype: dt, op: ReduceOp::Sum, count, root: (r + 1) % n }, OpMem::Split { input: &input, output: &mut [] })?;
+            g.add(c, OpDesc { coll: Coll::Recv, dtype: dt, op: ReduceOp::Sum, count, root: (r + n - 1) % n }, OpMem::Split { input: &[], output: out })?;
+            g.run()
+        };
+        for _ in 0..o.warmup {
+            run(&mut out)?;
+        }
+        c.barrier()?;
+        let t = Instant::now();
+        for _ in 0..o.iters {
+            run(&mut out)?;
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+        let mut wrong = 0;
+        if o.check {
+            out.fill(0);
+            run(&mut out)?;
+            wrong = count_wrong(dt, &out, &coll_input(Coll::Send, dt, op, n, (r + n - 1) % n, count, 0, 1));
+        }
+        return Ok(Some(Result1 { us, wrong }));
+    }
+    let coll = coll_of(name);
+    let desc = OpDesc { coll, dtype: dt, op, count, root };
+    let input = coll_input(coll, dt, op, n, r, count, root, 1);
+    let (ni, no) = coll.buffer_counts(n, r, count, root);
+    let layout = inplace_layout(coll, n, r, count, root);
+    if inplace && layout.is_none() {
+        return Ok(None);
+    }
+    let mut a = vec![0u8; if inplace { layout.unwrap().2 * es } else { ni * es }];
+    let mut b = vec![0u8; if inplace { 0 } else { no * es }];
+    let fill = |a: &mut Vec<u8>| {
+        if inplace {
+            let io = layout.unwrap().0 * es;
+            a.fill(0);
+            a[io..io + input.len()].copy_from_slice(&input);
+        } else {
+            a.copy_from_slice(&input);
+        }
+    };
+    fill(&mut a);
+    let run = |a: &mut Vec<u8>, b: &mut Vec<u8>| -> oxccl::Result<()> {
+        let mem = if inplace {
+            let (io, oo, _) = layout.unwrap();
+            OpMem::InPlace { buf: a, in_off: io * es, out_off: oo * es }
+        } else {
+            OpMem::Split { input: a, output: b }
+        };
+        c.run(desc, mem)
+    };
+    for _ in 0..o.warmup {
+        run(&mut a, &mut b)?;
+    }
+    c.barrier()?;
+    let t = Instant::now();
+    for _ in 0..o.iters {
+        run(&mut a, &mut b)?;
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+    let mut wrong = 0;
+    if o.check {
+        fill(&mut a);
+        b.fill(0);
+        run(&mut a, &mut b)?;
+        let want = expected_output(coll, dt, op, n, r, count, root, 1);
+        let got = if inplace {
+            let oo = layout.unwrap().1 * es;
+            &a[oo..oo + want.len()]
+        } else {
+            &b[..want.len()]
+        };
+        wrong = count_wrong(dt, got, &want);
+    }
+    Ok(Some(Result1 { us, wrong }))
+}
+
+/// Average of `x` over ranks (nccl-tests averages times across ranks) and the sum of wrongs.
+fn combine_ranks(c: &Communicator, us: f64, wrong: usize) -> oxccl::Result<(f64, usize)> {
+    let mut t = [us];
+    c.all_reduce_inplace(&mut t, ReduceOp::Sum)?;
+    let mut w = [wrong as u64];
+    c.all_reduce_inplace(&mut w, ReduceOp::Sum)?;
+    Ok((t[0] / c.size() as f64, w[0] as usize))
+}
+
+fn sizes(o: &Opts) -> Vec<usize> {
+    let mut v = vec![];
+    let mut s = o.min;
+    while s <= o.max {
+        v.push(s);
+        s = if o.step > 0 { s + o.step } else { s * o.factor };
+    }
+    v
+}
+
+fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
+    let (n, r) = (c.size(), c.rank());
+    let lead = r == 0;
+    let mut total_wrong = 0;
+    let mut bw_sum = 0.0;
+    let mut bw_n = 0usize;
+    if lead {
+        println!("# oxccl-perf {} (nccl-tests compatible table)", env!("CARGO_PKG_VERSION"));
+        println!(
+            "# nranks {n} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
+            o.min,
+            o.max,
+            if o.step > 0 { o.step } else { o.factor },
+            if o.step > 0 { "bytes" } else { "factor" },
+            o.warmup,
+            o.iters,
+            o.check as u8
+        );
+        println!("#");
+        println!("# Using devices");
+        for p in c.peers() {
+            println!("#  Rank {:2} Pid {:6} on {:>10} host {:016x} cpu", p.rank, p.pid, p.hostname, p.host_id);
+        }
+        println!("#");
+    }
+    for name in &o.colls {
+        let coll = coll_of(name);
+        if lead {
+            println!("# Collective: {name}");
+            println!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "");
+            println!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+            println!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+        }
+        let reduces = coll.reduces();
+        let ops: Vec<String> = if reduces { o.ops.clone() } else { vec!["none".into()] };
+        let roots: Vec<usize> = if coll.rooted() && *name != "sendrecv" {
+            match &o.roots {
+                Some(v) if v.is_empty() => (0..n).collect(),
+                Some(v) => v.clone(),
+                None => vec![0],
+            }
+        } else {
+            vec![0]
+        };
+        for &root in &roots {
+            if root >= n {
+                return Err(oxccl::Error::invalid_argument(format!("root {root} out of range")));
+            }
+            for &dt in &o.types {
+                for opname in &ops {
+                    let op = op_of(opname, dt);
+                    for size in sizes(o) {
+                        let es = dt.size();
+                        // per-rank counts for the collectives nccl-tests sizes by total bytes
+                        let per_rank = matches!(*name, "allgather" | "reducescatter" | "alltoall" | "gather" | "scatter");
+                        let count = if per_rank { size / es / n } else { size / es };
+                        let total = if per_rank { count * n * es } else { count * es };
+                        let mut cols = String::new();
+                        for inplace in [false, true] {
+                            match bench_one(c, o, name, dt, op, count, root, inplace)? {
+                                Some(res) => {
+                                    let (us, wrong) = combine_ranks(c, res.us, res.wrong)?;
+                                    let algbw = total as f64 / us / 1e3;
+                                    let busbw = algbw * bus_factor(name, n);
+                                    total_wrong += wrong;
+                                    if total > 0 {
+                                        bw_sum += busbw;
+                                        bw_n += 1;
+                                    }
+                                    let w = if o.check { wrong.to_string() } else { "N/A".into() };
+                                    cols += &format!("  {us:7.2}  {algbw:6.2}  {busbw:6.2}  {w:>6}");
+                                }
+                                None => cols += &format!("  {:>7}  {:>6}  {:>6}  {:>6}", "N/A", "N/A", "N/A", "N/A"),
+                            }
+                        }
+                        if lead {
+                            let root_col = if coll.rooted() && *name != "sendrecv" { root as i64 } else { -1 };
+                            println!("{total:12}  {:12}  {:>8}  {:>6}  {root_col:6}{cols}", total / es, dt.name(), opname);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if lead {
+        println!("# Out of bounds values : 0 OK");
+        println!("# Avg bus bandwidth    : {:.4}", if bw_n > 0 { bw_sum / bw_n as f64 } else { 0.0 });
+        println!("#");
+        if total_wrong > 0 {
+            println!("# {total_wrong} wrong results: FAILED");
+        }
+    }
+    Ok(total_wrong)
+}
+
+/// Launch `np` local ranks of this program and wait for them.
+fn launch(np: usize, hosts: usize, args: &[String]) -> ExitCode {
+    let id = match UniqueId::new() {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("oxccl-perf: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let exe = std::env::current_exe().expect("current_exe");
+    let passthrough: Vec<String> = {
+        let mut v = vec![];
+        let mut i = 0;
+        while i < args.len() {
+            if args[i] == "--np" || args[i] == "--hosts" {
+                i += 2;
+                continue;
+            }
+            if args[i].starts_with("--np=") || args[i].starts_with("--hosts=") {
+                i += 1;
+                continue;
+            }
+            v.push(args[i].clone());
+            i += 1;
+        }
+        v
+    };
+    let mut children = vec![];
+    for r in 0..np {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&passthrough)
+            .env("OXCCL_PERF_ID", id.to_hex())
+            .env("OXCCL_PERF_RANK", r.to_string())
+            .env("OXCCL_PERF_NRANKS", np.to_string());
+        if hosts > 1 {
+            cmd.env("OXCCL_HOSTID", format!("perf-host-{}", r * hosts / np));
+        }
+        match cmd.spawn() {
+            Ok(ch) => children.push(ch),
+            Err(e) => {
+                eprintln!("oxccl-perf: cannot start rank {r}: {e}");
+                for mut c in children {
+                    let _ = c.kill();
+                }
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut ok = true;
+    for (r, mut ch) in children.into_iter().enumerate() {
+        match ch.wait() {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                eprintln!("oxccl-perf: rank {r} exited with {s}");
+                ok = false;
+            }
+            Err(e) => {
+                eprintln!("oxccl-perf: waiting for rank {r}: {e}");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let under_launcher = std::env::var("OXCCL_PERF_ID").is_ok();
+    let env_launch = oxccl::bootstrap::env_rank_size().is_ok();
+    if !under_launcher && (o.np.is_some() || !env_launch) {
+        // local launch; everything stays on loopback unless told otherwise
+        if std::env::var("NCCL_SOCKET_IFNAME").is_err() && std::env::var("OXCCL_SOCKET_IFNAME").is_err() {
+            std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+        }
+        return launch(o.np.unwrap_or(2), o.hosts, &args);
+    }
+    let comm = if under_launcher {
+        let id = UniqueId::from_hex(&std::env::var("OXCCL_PERF_ID").unwrap());
+        let rank = std::env::var("OXCCL_PERF_RANK").ok().and_then(|v| v.parse().ok());
+        let n = std::env::var("OXCCL_PERF_NRANKS").ok().and_then(|v| v.parse().ok());
+        match (id, rank, n) {
+            (Ok(id), Some(rank), Some(n)) => Communicator::init(&id, n, rank),
+            _ => Err(oxccl::Error::invalid_argument("bad OXCCL_PERF_* environment")),
+        }
+    } else {
+        Communicator::from_env()
+    };
+    let comm = match comm {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("oxccl-perf: init failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run_rank(&comm, &o) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("oxccl-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Opts, String> {
+        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn flags() {
+        let o = p("-b 1 -e 1M -f 16 -c 1 -o all -d all --coll all --np 3 --hosts 2").unwrap();
+        assert_eq!((o.min, o.max, o.factor, o.check), (1, 1 << 20, 16, true));
+        assert_eq!(o.ops.len(), 6);
+        assert_eq!(o.types.len(), 12);
+        assert_eq!(o.colls.len(), 9);
+        assert_eq!((o.np, o.hosts), (Some(3), 2));
+        assert_eq!(sizes(&o), vec![1, 16, 256, 4096, 65536, 1 << 20]);
+        let d = p("").unwrap();
+        assert_eq!((d.min, d.max, d.colls.clone()), (8, 64 << 20, vec!["allreduce"]));
+        assert!(p("-b").is_err());
+        assert!(p("-d quux").is_err());
+        assert!(p("--coll nope").is_err());
+        assert!(p("-b 2K -e 1K").is_err());
+        assert_eq!(p("--coll=broadcast,reduce -r all").unwrap().colls, vec!["broadcast", "reduce"]);
+    }
+
+    #[test]
+    fn bus_factors_match_nccl_tests() {
+        assert_eq!(bus_factor("allreduce", 4), 1.5);
+        assert_eq!(bus_factor("allgather", 4), 0.75);
+        assert_eq!(bus_factor("broadcast", 4), 1.0);
+        assert_eq!(bus_factor("sendrecv", 4), 1.0);
+    }
+}
