@@ -76,6 +76,7 @@ pub fn init_logging() {
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .without_time()
             .try_init();
     });

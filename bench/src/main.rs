@@ -36,6 +36,7 @@ struct Opts {
     colls: Vec<&'static str>,
     np: Option<usize>,
     hosts: usize,
+    netns: Vec<String>,
 }
 
 const ALL_COLLS: [&str; 9] = [
@@ -67,7 +68,7 @@ fn usage() -> String {
     "usage: oxccl-perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n\
      \x20                 [-o sum|prod|min|max|avg|premulsum|all] [-d TYPE|all] [-r ROOT|all]\n\
      \x20                 [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|all]\n\
-     \x20                 [--np N] [--hosts H]"
+     \x20                 [--np N] [--hosts H] [--netns NS1,NS2,...]"
         .into()
 }
 
@@ -86,6 +87,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         colls: vec!["allreduce"],
         np: None,
         hosts: 1,
+        netns: vec![],
     };
     let mut i = 0;
     while i < args.len() {
@@ -146,6 +148,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             }
             "--np" => o.np = Some(val()?.parse().map_err(|_| "bad --np")?),
             "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
+            "--netns" => o.netns = val()?.split(',').map(String::from).filter(|s| !s.is_empty()).collect(),
             "-g" | "-t" | "-p" | "-a" | "-m" | "-z" | "-G" | "-C" | "-u" => {
                 let _ = val()?; // nccl-tests flags with no meaning here
             }
@@ -403,7 +406,10 @@ fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
 }
 
 /// Launch `np` local ranks of this program and wait for them.
-fn launch(np: usize, hosts: usize, args: &[String]) -> ExitCode {
+///
+/// With `netns`, rank r runs in namespace `netns[r * k / np]` (`ip netns exec`), as its own host:
+/// its host id is the namespace name and it uses the namespace's `eth0`.
+fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> ExitCode {
     let id = match UniqueId::new() {
         Ok(id) => id,
         Err(e) => {
@@ -416,11 +422,11 @@ fn launch(np: usize, hosts: usize, args: &[String]) -> ExitCode {
         let mut v = vec![];
         let mut i = 0;
         while i < args.len() {
-            if args[i] == "--np" || args[i] == "--hosts" {
+            if args[i] == "--np" || args[i] == "--hosts" || args[i] == "--netns" {
                 i += 2;
                 continue;
             }
-            if args[i].starts_with("--np=") || args[i].starts_with("--hosts=") {
+            if args[i].starts_with("--np=") || args[i].starts_with("--hosts=") || args[i].starts_with("--netns=") {
                 i += 1;
                 continue;
             }
@@ -431,12 +437,20 @@ fn launch(np: usize, hosts: usize, args: &[String]) -> ExitCode {
     };
     let mut children = vec![];
     for r in 0..np {
-        let mut cmd = Command::new(&exe);
+        let mut cmd = if netns.is_empty() {
+            Command::new(&exe)
+        } else {
+            let ns = &netns[r * netns.len() / np];
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&exe);
+            c.env("OXCCL_HOSTID", format!("netns-{ns}")).env("OXCCL_SOCKET_IFNAME", "eth0");
+            c
+        };
         cmd.args(&passthrough)
             .env("OXCCL_PERF_ID", id.to_hex())
             .env("OXCCL_PERF_RANK", r.to_string())
             .env("OXCCL_PERF_NRANKS", np.to_string());
-        if hosts > 1 {
+        if hosts > 1 && netns.is_empty() {
             cmd.env("OXCCL_HOSTID", format!("perf-host-{}", r * hosts / np));
         }
         match cmd.spawn() {
@@ -487,7 +501,7 @@ fn main() -> ExitCode {
         if std::env::var("NCCL_SOCKET_IFNAME").is_err() && std::env::var("OXCCL_SOCKET_IFNAME").is_err() {
             std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
         }
-        return launch(o.np.unwrap_or(2), o.hosts, &args);
+        return launch(o.np.unwrap_or(2), o.hosts, &o.netns, &args);
     }
     let comm = if under_launcher {
         let id = UniqueId::from_hex(&std::env::var("OXCCL_PERF_ID").unwrap());

@@ -1,0 +1,72 @@
+//! Depth 3: ranks as processes on shared memory, TCP and mixed layouts, every collective checked
+//! bit for bit by `oxccl-perf -c 1` (exit status non-zero on any wrong element).
+
+use std::process::Command;
+
+fn perf(np: usize, extra: &[&str], env: &[(&str, &str)]) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"));
+    c.arg("--np").arg(np.to_string()).args(extra).env("OXCCL_SOCKET_IFNAME", "lo").env("OXCCL_TIMEOUT", "120");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("run oxccl-perf");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "oxccl-perf --np {np} {extra:?} {env:?} failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = stdout.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).count();
+    assert!(rows > 0, "no result rows:\n{stdout}");
+    assert!(stdout.contains("# Avg bus bandwidth"), "{stdout}");
+}
+
+const SMALL_ALL: [&str; 16] = ["--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0"];
+const F32_BIG: [&str; 14] = ["--coll", "all", "-b", "4", "-e", "4M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"];
+
+fn with_check(a: &[&'static str]) -> Vec<&'static str> {
+    let mut v = a.to_vec();
+    v.extend(["-c", "1"]);
+    v
+}
+
+#[test]
+fn shm_2_3_4_ranks_every_type_and_op() {
+    for np in [2, 3, 4] {
+        perf(np, &with_check(&SMALL_ALL), &[]);
+    }
+}
+
+#[test]
+fn tcp_2_3_4_ranks_every_type_and_op() {
+    for np in [2, 3, 4] {
+        perf(np, &with_check(&SMALL_ALL), &[("NCCL_SHM_DISABLE", "1")]);
+    }
+}
+
+#[test]
+fn mixed_2_hosts_x_2_ranks() {
+    let mut a = with_check(&SMALL_ALL);
+    a.extend(["--hosts", "2"]);
+    perf(4, &a, &[]);
+    perf(4, &F32_BIG.iter().copied().chain(["--hosts", "2"]).collect::<Vec<_>>(), &[]);
+}
+
+#[test]
+fn eight_ranks_on_two_cores_shm_tcp_and_mixed() {
+    perf(8, &F32_BIG, &[]);
+    perf(8, &F32_BIG, &[("NCCL_SHM_DISABLE", "1")]);
+    perf(8, &F32_BIG.iter().copied().chain(["--hosts", "2"]).collect::<Vec<_>>(), &[]);
+}
+
+#[test]
+fn sixteen_ranks_oversubscribed() {
+    perf(16, &["--coll", "allreduce,allgather,sendrecv", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"], &[]);
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf")).args(["-d", "quux"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown type"));
+}

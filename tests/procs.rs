@@ -1,0 +1,153 @@
+//! Depth 3: ranks as processes (this test binary re-executed with a role), for what only
+//! processes can show: CPU use of idle and waiting ranks, and nothing leaked after `kill -9`.
+
+use oxccl::{Communicator, ReduceOp, UniqueId};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn role(test: &str) -> Option<(usize, usize, UniqueId)> {
+    if std::env::var("OXCCL_TEST_ROLE").ok()? != test {
+        return None;
+    }
+    let rank = std::env::var("OXCCL_TEST_RANK").ok()?.parse().ok()?;
+    let n = std::env::var("OXCCL_TEST_NRANKS").ok()?.parse().ok()?;
+    let id = UniqueId::from_hex(&std::env::var("OXCCL_TEST_ID").ok()?).ok()?;
+    Some((rank, n, id))
+}
+
+fn spawn(test: &str, n: usize, id: &UniqueId, extra: &[(&str, &str)]) -> Vec<Child> {
+    (0..n)
+        .map(|r| {
+            let mut c = Command::new(std::env::current_exe().unwrap());
+            c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+                .env("OXCCL_TEST_ROLE", test)
+                .env("OXCCL_TEST_RANK", r.to_string())
+                .env("OXCCL_TEST_NRANKS", n.to_string())
+                .env("OXCCL_TEST_ID", id.to_hex())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            for (k, v) in extra {
+                c.env(k, v);
+            }
+            c.spawn().unwrap()
+        })
+        .collect()
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+fn wait_line(c: &mut Child, want: &str) {
+    use std::io::BufRead;
+    let out = c.stdout.as_mut().unwrap();
+    let mut r = std::io::BufReader::new(out);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "child exited before printing {want:?}");
+        if line.contains(want) {
+            return;
+        }
+    }
+}
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    L.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn idle_and_waiting_ranks_do_not_spin() {
+    const T: &str = "idle_and_waiting_ranks_do_not_spin";
+    if let Some((rank, n, id)) = role(T) {
+        let c = Communicator::init(&id, n, rank).unwrap();
+        let mut v = vec![1.0f32; 1 << 16];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v[0], n as f32);
+        println!("READY");
+        // phase 1: idle for 2 s holding the communicator
+        std::thread::sleep(Duration::from_millis(2000));
+        // phase 2: rank 0 arrives 2 s late; the others wait inside the allreduce
+        if rank == 0 {
+            std::thread::sleep(Duration::from_millis(2000));
+        }
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        println!("DONE");
+        return;
+    }
+    let _g = lock();
+    let n = 8;
+    let id = UniqueId::new().unwrap();
+    let mut kids = spawn(T, n, &id, &[]);
+    for k in &mut kids {
+        wait_line(k, "READY");
+    }
+    let t0 = Instant::now();
+    let before: Vec<f64> = kids.iter().map(|k| cpu_seconds(k.id())).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let idle: Vec<f64> = kids.iter().zip(&before).map(|(k, b)| cpu_seconds(k.id()) - b).collect();
+    let idle_s = t0.elapsed().as_secs_f64();
+    // wait into phase 2 (ranks 1.. are blocked in the allreduce)
+    std::thread::sleep(Duration::from_millis(900));
+    let before2: Vec<f64> = kids.iter().map(|k| cpu_seconds(k.id())).collect();
+    let t1 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    let waiting: Vec<f64> = kids.iter().zip(&before2).map(|(k, b)| cpu_seconds(k.id()) - b).collect();
+    let wait_s = t1.elapsed().as_secs_f64();
+    for k in &mut kids {
+        wait_line(k, "DONE");
+    }
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    for (r, c) in idle.iter().enumerate() {
+        assert!(c / idle_s < 0.01, "rank {r} used {:.1}% CPU while idle", 100.0 * c / idle_s);
+    }
+    for (r, c) in waiting.iter().enumerate().skip(1) {
+        assert!(c / wait_s < 0.02, "rank {r} used {:.1}% CPU while waiting", 100.0 * c / wait_s);
+    }
+}
+
+fn dev_shm() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn nothing_leaks_after_kill_9_mid_collective() {
+    const T: &str = "nothing_leaks_after_kill_9_mid_collective";
+    if let Some((rank, n, id)) = role(T) {
+        let c = Communicator::init(&id, n, rank).unwrap();
+        let mut v = vec![1u32; 1 << 20];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        println!("READY");
+        loop {
+            let _ = c.all_reduce_inplace(&mut v, ReduceOp::Sum);
+        }
+    }
+    let _g = lock();
+    let shm_before = dev_shm();
+    let id = UniqueId::new().unwrap();
+    let mut kids = spawn(T, 4, &id, &[("OXCCL_HOSTID", "same")]);
+    for k in &mut kids {
+        wait_line(k, "READY");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for k in &mut kids {
+        let _ = k.kill(); // SIGKILL
+    }
+    for mut k in kids {
+        let _ = k.wait();
+    }
+    assert_eq!(dev_shm(), shm_before, "/dev/shm changed");
+}
