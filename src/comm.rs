@@ -434,6 +434,62 @@ impl Communicator {
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
         self.run(desc::<T>(Coll::Recv, ReduceOp::Sum, buf.len(), peer), split(&[], buf))
     }
+    // ---- non-blocking forms ----------------------------------------------------------------
+
+    /// Start an operation on owned buffers ([`OpMem::OwnedSplit`] or [`OpMem::OwnedInPlace`])
+    /// and return at once; the process's progress thread moves the data. Connection setup, if
+    /// this op needs new peers, happens before it returns. Operations on one communicator
+    /// complete in submission order, and a later blocking call waits for them first.
+    pub fn submit(&self, desc: OpDesc, mem: OpMem<'static>) -> Result<Request<OpMem<'static>>> {
+        if !matches!(mem, OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. }) {
+            return Err(Error::invalid_argument("submit needs owned buffers"));
+        }
+        let _busy = self.enter()?;
+        let mut g = Group::new();
+        g.add(self, desc, mem)?;
+        let run = g
+            .prepare(&[self])?
+            .pop()
+            .and_then(|r| r.into_static())
+            .ok_or_else(|| Error::internal("owned op lost its buffers"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        crate::progress::submit(crate::progress::Job {
+            sh: self.sh.clone(),
+            run,
+            done: tx,
+            deadline: Instant::now() + self.sh.cfg.timeout,
+        })?;
+        Ok(Request { rx, conv: Ok, done: None })
+    }
+
+    fn submit_vec<T: Element>(&self, desc: OpDesc, mem: OpMem<'static>) -> Result<Request<Vec<T>>> {
+        let r = self.submit(desc, mem)?;
+        Ok(Request { rx: r.rx, conv: take_output::<T>, done: None })
+    }
+
+    /// Non-blocking in-place all-reduce of an owned buffer; [`Request::wait`] gives it back.
+    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
+        let n = buf.len();
+        self.submit_vec::<T>(desc::<T>(Coll::AllReduce, op, n, 0), OpMem::OwnedInPlace { buf: Box::new(buf), in_off: 0, out_off: 0 })
+    }
+    /// Non-blocking broadcast of an owned buffer from `root`.
+    pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Result<Request<Vec<T>>> {
+        let n = buf.len();
+        self.submit_vec::<T>(desc::<T>(Coll::Broadcast, ReduceOp::Sum, n, root), OpMem::OwnedInPlace { buf: Box::new(buf), in_off: 0, out_off: 0 })
+    }
+    /// Non-blocking all-gather; the request yields the gathered vector.
+    pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Result<Request<Vec<T>>> {
+        let c = send.len();
+        let out = vec![T::zeroed(); c * self.size()];
+        self.submit_vec::<T>(desc::<T>(Coll::AllGather, ReduceOp::Sum, c, 0), OpMem::OwnedSplit { input: Box::new(send), output: Box::new(out) })
+    }
+    /// Non-blocking reduce-scatter; the request yields this rank's block of the result.
+    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
+        let c = self.per_rank(send.len())?;
+        let out = vec![T::zeroed(); c];
+        self.submit_vec::<T>(desc::<T>(Coll::ReduceScatter, op, c, 0), OpMem::OwnedSplit { input: Box::new(send), output: Box::new(out) })
+    }
+
     /// Wait until every rank arrives.
     pub fn barrier(&self) -> Result<()> {
         let mut b = [0u8; 1];
@@ -490,6 +546,9 @@ impl Communicator {
                     return bad(format!("receive buffer has {} bytes, {} needs {bo} ({no} x {})", output.len(), d.coll.name(), d.dtype.name()));
                 }
             }
+            OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. } => {
+                return Err(Error::internal("validate takes a borrowed view"));
+            }
             OpMem::InPlace { buf, in_off, out_off } => {
                 let Some((io, oo, len)) = inplace_layout(d.coll, n, r, d.count, d.root) else {
                     return bad(format!("{} has no in-place form", d.coll.name()));
@@ -508,6 +567,50 @@ impl Communicator {
         }
         Ok(())
     }
+}
+
+/// A non-blocking operation in flight. Dropping it does not cancel the operation.
+pub struct Request<T> {
+    rx: std::sync::mpsc::Receiver<Result<OpMem<'static>>>,
+    conv: fn(OpMem<'static>) -> Result<T>,
+    done: Option<Result<OpMem<'static>>>,
+}
+
+impl<T> Request<T> {
+    /// Whether the operation has finished (successfully or not); never blocks.
+    pub fn test(&mut self) -> bool {
+        if self.done.is_none() {
+            match self.rx.try_recv() {
+                Ok(r) => self.done = Some(r),
+                Err(std::sync::mpsc::TryRecvError::Empty) => return false,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.done = Some(Err(Error::internal("progress thread went away")))
+                }
+            }
+        }
+        true
+    }
+
+    /// Block until the operation finishes; returns its buffers (or its error).
+    pub fn wait(self) -> Result<T> {
+        let r = match self.done {
+            Some(r) => r,
+            None => self.rx.recv().unwrap_or_else(|_| Err(Error::internal("progress thread went away"))),
+        };
+        (self.conv)(r?)
+    }
+}
+
+fn take_output<T: Element>(m: OpMem<'static>) -> Result<Vec<T>> {
+    let b = match m {
+        OpMem::OwnedInPlace { buf, .. } => buf,
+        OpMem::OwnedSplit { output, .. } => output,
+        _ => return Err(Error::internal("request without owned buffers")),
+    };
+    b.into_any()
+        .downcast::<Vec<T>>()
+        .map(|b| *b)
+        .map_err(|_| Error::internal("request buffer of another type"))
 }
 
 struct BusyGuard<'a>(&'a AtomicBool);
@@ -654,6 +757,21 @@ impl<'s> Setup<'s> {
 }
 
 impl Shared {
+    /// Record the first error (sticky).
+    pub(crate) fn set_error(&self, e: Error) {
+        self.state.lock().unwrap().error.get_or_insert(e);
+    }
+
+    /// The first error, if any.
+    pub(crate) fn sticky_error(&self) -> Option<Error> {
+        self.state.lock().unwrap().error.clone()
+    }
+
+    /// The settings.
+    pub(crate) fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     /// Wait until the asynchronous operations already queued on this communicator finished.
     pub(crate) fn wait_async_idle(&self) {
         let mut g = self.async_pending.lock().unwrap();
@@ -688,8 +806,8 @@ impl<'a> Group<'a> {
     }
 
     /// Add any operation in its untyped form.
-    pub fn add(&mut self, comm: &'a Communicator, desc: OpDesc, mem: OpMem<'a>) -> Result<&mut Self> {
-        comm.validate(&desc, &mem)?;
+    pub fn add(&mut self, comm: &'a Communicator, desc: OpDesc, mut mem: OpMem<'a>) -> Result<&mut Self> {
+        comm.validate(&desc, &mem.view())?;
         self.ops.push((comm, desc, mem));
         Ok(self)
     }
@@ -724,6 +842,26 @@ impl<'a> Group<'a> {
         if self.ops.is_empty() {
             return Ok(());
         }
+        let comms = self.comms();
+        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Vec<_>>>()?;
+        for c in &comms {
+            c.sh.wait_async_idle();
+        }
+        let mut runs = self.prepare(&comms)?;
+        let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
+        let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
+        let spin = shareds.iter().map(|sh| sh.cfg.spin).max().unwrap();
+        let res = drive(&shareds, &mut runs, Policy { spin, deadline });
+        if let Err(e) = &res {
+            for sh in &shareds {
+                sh.set_error(e.clone());
+            }
+        }
+        res
+    }
+
+    /// Distinct communicators, in first-use order.
+    fn comms(&self) -> Vec<&'a Communicator> {
         // distinct communicators, in first-use order
         let mut comms: Vec<&Communicator> = Vec::new();
         for (c, _, _) in &self.ops {
@@ -731,9 +869,13 @@ impl<'a> Group<'a> {
                 comms.push(c);
             }
         }
-        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Vec<_>>>()?;
-        for c in &comms {
-            c.sh.wait_async_idle();
+        comms
+    }
+
+    /// Sequence numbers, schedules and connections for every op (the caller holds the busy
+    /// guards of `comms`).
+    fn prepare(self, comms: &[&'a Communicator]) -> Result<Vec<OpRun<'a>>> {
+        for c in comms {
             check_state(&c.sh, &c.sh.state.lock().unwrap())?;
         }
         // pass 1: sequence numbers and schedules, in the order the ops were added (which is the
@@ -793,18 +935,10 @@ impl<'a> Group<'a> {
         drop(setups);
         if let Err(e) = phased {
             for sh in &shareds {
-                sh.state.lock().unwrap().error.get_or_insert(e.clone());
+                sh.set_error(e.clone());
             }
             return Err(e);
         }
-        let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
-        let spin = shareds.iter().map(|sh| sh.cfg.spin).max().unwrap();
-        let res = drive(&shareds, &mut runs, Policy { spin, deadline });
-        if let Err(e) = &res {
-            for sh in &shareds {
-                sh.state.lock().unwrap().error.get_or_insert(e.clone());
-            }
-        }
-        res
+        Ok(runs)
     }
 }

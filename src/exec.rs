@@ -16,6 +16,28 @@ use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::{ErrorKind, Header, RecvConn, SendConn};
 use std::time::{Duration, Instant};
 
+/// An owned host buffer an asynchronous operation carries (a `Vec<T>` of any element type).
+pub trait HostBuf: Send + 'static {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+    /// The bytes, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// For handing the buffer back with its type.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
+impl<T: crate::types::Element> HostBuf for Vec<T> {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self)
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self)
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
 /// The user buffers of one operation, in bytes.
 pub enum OpMem<'a> {
     /// Separate input and output (either may be empty).
@@ -34,6 +56,34 @@ pub enum OpMem<'a> {
         /// Byte offset of the output window.
         out_off: usize,
     },
+    /// Owned separate buffers (asynchronous operations).
+    OwnedSplit {
+        /// Send buffer.
+        input: Box<dyn HostBuf>,
+        /// Receive buffer.
+        output: Box<dyn HostBuf>,
+    },
+    /// One owned allocation holding both windows (asynchronous in-place operations).
+    OwnedInPlace {
+        /// The allocation.
+        buf: Box<dyn HostBuf>,
+        /// Byte offset of the input window.
+        in_off: usize,
+        /// Byte offset of the output window.
+        out_off: usize,
+    },
+}
+
+impl OpMem<'_> {
+    /// A borrowed view (owned variants become their borrowed forms).
+    pub fn view(&mut self) -> OpMem<'_> {
+        match self {
+            OpMem::Split { input, output } => OpMem::Split { input, output },
+            OpMem::InPlace { buf, in_off, out_off } => OpMem::InPlace { buf, in_off: *in_off, out_off: *out_off },
+            OpMem::OwnedSplit { input, output } => OpMem::Split { input: input.bytes(), output: output.bytes_mut() },
+            OpMem::OwnedInPlace { buf, in_off, out_off } => OpMem::InPlace { buf: buf.bytes_mut(), in_off: *in_off, out_off: *out_off },
+        }
+    }
 }
 
 fn oob() -> Error {
@@ -58,6 +108,9 @@ pub fn apply_step(
         return Err(Error::internal("received message size does not match the step"));
     }
     let byte_range = |s: Slice| (s.buf, s.offset * es, s.offset * es + len);
+    if matches!(mem, OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. }) {
+        return apply_step(step, dt, op, nranks, &mut mem.view(), recv, slot);
+    }
     match mem {
         OpMem::Split { input, output } => {
             let src = match step.src.map(byte_range) {
@@ -123,6 +176,7 @@ pub fn apply_step(
                 (None, None) => {}
             }
         }
+        OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. } => unreachable!("handled above"),
     }
     Ok(())
 }
@@ -199,6 +253,30 @@ impl<'a> OpRun<'a> {
             rx_idx: vec![0; nranks],
             blocked: None,
         }
+    }
+
+    /// The same op with owned buffers, detached from any borrow (`None` if its buffers are
+    /// borrowed).
+    pub fn into_static(self) -> Option<OpRun<'static>> {
+        let mem: OpMem<'static> = match self.mem {
+            OpMem::OwnedSplit { input, output } => OpMem::OwnedSplit { input, output },
+            OpMem::OwnedInPlace { buf, in_off, out_off } => OpMem::OwnedInPlace { buf, in_off, out_off },
+            _ => return None,
+        };
+        Some(OpRun {
+            comm: self.comm,
+            rank: self.rank,
+            nranks: self.nranks,
+            comm_id: self.comm_id,
+            seq: self.seq,
+            fp: self.fp,
+            sched: self.sched,
+            pc: self.pc,
+            mem,
+            tx_idx: self.tx_idx,
+            rx_idx: self.rx_idx,
+            blocked: self.blocked,
+        })
     }
 
     /// Whether every step ran.
@@ -398,11 +476,11 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
             std::thread::yield_now();
             continue;
         }
-        block(comms, ops, &uses, policy)?;
+        block(comms, ops, &uses, policy.deadline, &[])?;
     }
 }
 
-fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], comm: usize) -> (Vec<usize>, Vec<usize>) {
+pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], comm: usize) -> (Vec<usize>, Vec<usize>) {
     let mut rx = vec![];
     let mut tx = vec![];
     for (o, u) in ops.iter().zip(uses) {
@@ -420,8 +498,9 @@ fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], comm: usize) -
 
 /// Arm everything the ops wait on (their blocking peers, plus sends with unflushed data) and
 /// sleep until one is ready, or at most 500 ms so the deadline and abort are checked.
-fn block<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], policy: Policy) -> Result<()> {
+pub(crate) fn block<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], deadline: Instant, extra: &[WaitSource]) -> Result<()> {
     let mut sources: Vec<WaitSource> = comms.iter().map(|c| WaitSource::doorbell(c.abort_fd())).collect();
+    sources.extend_from_slice(extra);
     let mut wanted: Vec<(usize, Blocked)> = vec![];
     for o in ops.iter().filter(|o| !o.done()) {
         if let Some(b) = o.blocked {
@@ -460,7 +539,7 @@ fn block<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec
         }
     }
     if !ready {
-        let left = policy.deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(Instant::now());
         wait_any(&sources, left.min(Duration::from_millis(500)))?;
     }
     disarm(comms, &armed);
@@ -484,7 +563,7 @@ fn disarm<C: DriveComm>(comms: &[&C], armed: &[(usize, Blocked)]) {
     }
 }
 
-fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Error {
+pub(crate) fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Error {
     let mut parts = vec![];
     for o in ops.iter().filter(|o| !o.done()) {
         let what = match o.blocked {

@@ -17,9 +17,10 @@ pub mod bootstrap;
 pub mod comm;
 pub mod config;
 pub mod store;
+mod progress;
 
 pub use bootstrap::UniqueId;
-pub use comm::{AbortHandle, Communicator, Group, OpDesc};
+pub use comm::{AbortHandle, Communicator, Group, OpDesc, Request};
 pub use config::Config;
-pub use exec::OpMem;
+pub use exec::{HostBuf, OpMem};
 pub use schedule::Coll;

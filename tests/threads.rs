@@ -288,3 +288,48 @@ fn timeout_names_the_missing_peer() {
         }
     });
 }
+
+#[test]
+fn non_blocking_requests_overlap_and_keep_order() {
+    let comms = Communicator::init_all_with_config(3, cfg()).unwrap();
+    on_all(comms, |c| {
+        let (n, r) = (c.size(), c.rank());
+        let a = c.all_reduce_async(vec![r as f32 + 1.0; 200_000], ReduceOp::Sum).unwrap();
+        let g = c.all_gather_async(vec![r as u64; 1000]).unwrap();
+        let mut rs = c.reduce_scatter_async(vec![1i32; 3 * 5000], ReduceOp::Sum).unwrap();
+        // "compute" while the progress thread works
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        assert!(x > 0);
+        while !rs.test() {
+            std::thread::yield_now();
+        }
+        assert_eq!(rs.wait().unwrap(), vec![n as i32; 5000]);
+        assert!(a.wait().unwrap().iter().all(|&v| v == 6.0));
+        assert_eq!(g.wait().unwrap(), (0..n as u64).flat_map(|q| vec![q; 1000]).collect::<Vec<_>>());
+        // a blocking call after async ones runs after them
+        let b = c.broadcast_async(vec![r as u8; 10], 1).unwrap();
+        let mut v = [1u32];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v[0], 3);
+        assert_eq!(b.wait().unwrap(), vec![1u8; 10]);
+    });
+}
+
+#[test]
+fn non_blocking_errors_are_reported_by_wait() {
+    let mut cf = cfg();
+    cf.timeout = Duration::from_millis(1500);
+    let comms = Communicator::init_all_with_config(2, cf).unwrap();
+    on_all(comms, |c| {
+        c.barrier().unwrap();
+        if c.rank() == 0 {
+            let req = c.all_reduce_async(vec![1f32; 16], ReduceOp::Sum).unwrap();
+            let e = req.wait().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+            assert!(c.error().is_some(), "sticky");
+        }
+    });
+}
