@@ -167,6 +167,14 @@ fn put_bytes(b: &mut Vec<u8>, s: &[u8]) {
     b.extend_from_slice(s);
 }
 
+/// Keys travel with c10d's `/` prefix (what `TCPStore` clients send), so keys are shared with
+/// torch processes using the same store.
+fn put_key(b: &mut Vec<u8>, k: &str) {
+    b.extend_from_slice(&(k.len() as u64 + 1).to_ne_bytes());
+    b.push(b'/');
+    b.extend_from_slice(k.as_bytes());
+}
+
 fn read_exact(s: &mut impl Read, n: usize) -> std::io::Result<Vec<u8>> {
     let mut v = vec![0u8; n];
     s.read_exact(&mut v)?;
@@ -290,7 +298,7 @@ impl TcpStore {
         let mut b = vec![op];
         b.extend_from_slice(&(keys.len() as u64).to_ne_bytes());
         for k in keys {
-            put_bytes(&mut b, k.as_bytes());
+            put_key(&mut b, k);
         }
         b
     }
@@ -299,7 +307,7 @@ impl TcpStore {
 impl Store for TcpStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let mut b = vec![q::SET];
-        put_bytes(&mut b, key.as_bytes());
+        put_key(&mut b, key);
         put_bytes(&mut b, value);
         self.call(&b, None, |_| Ok(()))
     }
@@ -325,7 +333,7 @@ impl Store for TcpStore {
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let mut b = vec![q::ADD];
-        put_bytes(&mut b, key.as_bytes());
+        put_key(&mut b, key);
         b.extend_from_slice(&delta.to_ne_bytes());
         self.call(&b, Some(self.connect_timeout), |s| {
             Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap()))
@@ -340,7 +348,7 @@ impl Store for TcpStore {
 
     fn delete(&self, key: &str) -> Result<bool> {
         let mut b = vec![q::DELETE_KEY];
-        put_bytes(&mut b, key.as_bytes());
+        put_key(&mut b, key);
         self.call(&b, Some(self.connect_timeout), |s| {
             Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap()) > 0)
         })

@@ -181,3 +181,42 @@ recv   0  src          -  dst     out[4]  send   -  n 2
 ";
     assert_eq!(s.to_string(), want);
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_coll() -> impl Strategy<Value = Coll> {
+        prop::sample::select(COLLS.to_vec())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        /// Random operations through the executor's step function equal the serial reference,
+        /// bit for bit.
+        #[test]
+        fn random_ops_match_the_serial_reference(
+            coll in any_coll(),
+            n in 1usize..=12,
+            count in 0usize..300,
+            root_seed in 0usize..1000,
+            chunk in 1usize..50,
+            dt in prop::sample::select(DataType::ALL.to_vec()),
+            op_i in 0usize..6,
+            inplace in any::<bool>(),
+            depth in 2usize..5,
+        ) {
+            let op = if coll.reduces() {
+                if op_i == 5 { premul_two(dt) } else { ReduceOp::BASIC[op_i] }
+            } else {
+                ReduceOp::Sum
+            };
+            let inplace = inplace && inplace_ok(coll);
+            let case = Case { coll, nranks: n, count, root: root_seed % n, chunk, inplace, avg: op == ReduceOp::Avg, depth };
+            prop_assert!(check_symbolic(&case).is_ok(), "{:?}", check_symbolic(&case));
+            let r = check_numeric(&case, dt, op);
+            prop_assert!(r.is_ok(), "{case:?} {dt:?} {op:?}: {r:?}");
+        }
+    }
+}

@@ -70,3 +70,34 @@ fn bad_flags_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown type"));
 }
+
+/// Standalone env launch: no torchrun, so rank 0 serves a c10d-compatible store on MASTER_PORT;
+/// rank and size come from torchrun's, Open MPI's or Slurm's variable names.
+#[test]
+fn env_launch_with_each_launchers_variables() {
+    for (rank_var, size_var) in [("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let kids: Vec<_> = (0..3)
+            .map(|r| {
+                Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+                    .args(["--coll", "allreduce,broadcast", "-b", "8", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1"])
+                    .env(rank_var, r.to_string())
+                    .env(size_var, "3")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string())
+                    .env("OXCCL_SOCKET_IFNAME", "lo")
+                    .env("OXCCL_TIMEOUT", "60")
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let out = k.wait_with_output().unwrap();
+            assert!(out.status.success(), "{rank_var} rank {r}");
+            if r == 0 {
+                assert!(String::from_utf8_lossy(&out.stdout).contains("# Avg bus bandwidth"));
+            }
+        }
+    }
+}
