@@ -27,7 +27,11 @@ pub struct UniqueId(pub [u8; UNIQUE_ID_BYTES]);
 
 impl std::fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "UniqueId({}, secret hidden)", self.addr().map(|a| a.to_string()).unwrap_or_else(|_| "invalid".into()))
+        write!(
+            f,
+            "UniqueId({}, secret hidden)",
+            self.addr().map(|a| a.to_string()).unwrap_or_else(|_| "invalid".into())
+        )
     }
 }
 
@@ -78,9 +82,7 @@ impl UniqueId {
     /// Check the magic and version.
     pub fn validate(&self) -> Result<()> {
         if &self.0[0..4] != ID_MAGIC || self.0[4] != ID_VERSION || !matches!(self.0[5], 4 | 6) {
-            return Err(Error::invalid_argument(
-                "not an oxccl unique id (bad magic, version or address family)",
-            ));
+            return Err(Error::invalid_argument("not an oxccl unique id (bad magic, version or address family)"));
         }
         Ok(())
     }
@@ -226,13 +228,22 @@ pub fn env_rank_size() -> Result<(usize, usize, &'static str)> {
 pub fn from_env(rank: usize, cfg: &Config) -> Result<Rendezvous> {
     let (host, port) = match env_any(&["NCCL_COMM_ID"]) {
         Some(v) => {
-            let (h, p) = v.rsplit_once(':').ok_or_else(|| Error::invalid_argument(format!("NCCL_COMM_ID={v:?} is not host:port")))?;
-            (h.trim_matches(['[', ']']).to_string(), p.parse::<u16>().map_err(|_| Error::invalid_argument(format!("bad port in NCCL_COMM_ID={v:?}")))?)
+            let (h, p) = v
+                .rsplit_once(':')
+                .ok_or_else(|| Error::invalid_argument(format!("NCCL_COMM_ID={v:?} is not host:port")))?;
+            (
+                h.trim_matches(['[', ']']).to_string(),
+                p.parse::<u16>().map_err(|_| Error::invalid_argument(format!("bad port in NCCL_COMM_ID={v:?}")))?,
+            )
         }
         None => {
             let host = env_any(&["MASTER_ADDR"]).ok_or_else(|| Error::invalid_usage("MASTER_ADDR is not set"))?;
             let port = env_any(&["MASTER_PORT"]).unwrap_or_else(|| "29500".into());
-            (host, port.parse::<u16>().map_err(|_| Error::invalid_argument(format!("MASTER_PORT={port:?} is not a port")))?)
+            (
+                host,
+                port.parse::<u16>()
+                    .map_err(|_| Error::invalid_argument(format!("MASTER_PORT={port:?} is not a port")))?,
+            )
         }
     };
     use std::net::ToSocketAddrs;
@@ -270,7 +281,10 @@ pub fn from_env(rank: usize, cfg: &Config) -> Result<Rendezvous> {
     } else {
         let v = store.get(&key, cfg.timeout).map_err(|e| {
             if e.kind == ErrorKind::Timeout {
-                Error::timeout(format!("init: rank 0 did not publish the job secret at {addr} within {:.0} s", cfg.timeout.as_secs_f64()))
+                Error::timeout(format!(
+                    "init: rank 0 did not publish the job secret at {addr} within {:.0} s",
+                    cfg.timeout.as_secs_f64()
+                ))
             } else {
                 e
             }
@@ -297,7 +311,13 @@ pub fn in_process() -> Result<Rendezvous> {
 
 /// Publish this rank's info and collect everyone's (bounded by the timeout; names the ranks that
 /// never arrived).
-pub fn exchange_info(store: &dyn Store, prefix: &str, me: &PeerInfo, nranks: usize, timeout: Duration) -> Result<Vec<PeerInfo>> {
+pub fn exchange_info(
+    store: &dyn Store,
+    prefix: &str,
+    me: &PeerInfo,
+    nranks: usize,
+    timeout: Duration,
+) -> Result<Vec<PeerInfo>> {
     let claimed = store.add(&format!("{prefix}/claim/{}", me.rank), 1)?;
     if claimed != 1 {
         return Err(Error::invalid_usage(format!("rank {} joined this job twice", me.rank)).with_rank(me.rank));
@@ -309,9 +329,8 @@ pub fn exchange_info(store: &dyn Store, prefix: &str, me: &PeerInfo, nranks: usi
     let vals = match store.multi_get(&keys, timeout) {
         Ok(v) => v,
         Err(e) if e.kind == ErrorKind::Timeout => {
-            let missing: Vec<usize> = (0..nranks)
-                .filter(|r| !store.check(std::slice::from_ref(&keys[*r])).unwrap_or(false))
-                .collect();
+            let missing: Vec<usize> =
+                (0..nranks).filter(|r| !store.check(std::slice::from_ref(&keys[*r])).unwrap_or(false)).collect();
             return Err(Error::timeout(format!(
                 "init: ranks {missing:?} did not join within {:.1} s ({} of {nranks} joined)",
                 timeout.as_secs_f64(),
@@ -324,7 +343,10 @@ pub fn exchange_info(store: &dyn Store, prefix: &str, me: &PeerInfo, nranks: usi
     let mut peers = Vec::with_capacity(nranks);
     for (r, v) in vals.iter().enumerate() {
         let nl = v.iter().position(|&b| b == b'\n').ok_or_else(|| Error::remote("malformed peer record"))?;
-        let their_n: usize = std::str::from_utf8(&v[..nl]).ok().and_then(|s| s.parse().ok()).ok_or_else(|| Error::remote("malformed peer record"))?;
+        let their_n: usize = std::str::from_utf8(&v[..nl])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| Error::remote("malformed peer record"))?;
         if their_n != nranks {
             return Err(Error::invalid_usage(format!(
                 "rank {r} was started with {their_n} ranks, rank {} with {nranks}",
@@ -362,8 +384,7 @@ mod tests {
 
     #[test]
     fn host_id_override() {
-        let mut a = Config::default();
-        a.host_id = Some("x".into());
+        let a = Config { host_id: Some("x".into()), ..Default::default() };
         let mut b = a.clone();
         assert_eq!(host_id(&a), host_id(&b));
         b.host_id = Some("y".into());

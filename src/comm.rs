@@ -80,7 +80,7 @@ impl DriveComm for Shared {
 ///
 /// All methods take `&self`; a communicator is `Send + Sync` so that [`Communicator::abort`] can
 /// be called from another thread, but operations on one communicator must not be issued from
-/// two threads at once (that is reported as [`ErrorKind::InvalidUsage`]).
+/// two threads at once (that is reported as [`crate::ErrorKind::InvalidUsage`]).
 pub struct Communicator {
     pub(crate) sh: Arc<Shared>,
 }
@@ -163,10 +163,7 @@ impl Communicator {
                 std::thread::spawn(move || Self::join(r, nranks, rank, cfg))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| Error::internal("init thread panicked"))?)
-            .collect()
+        handles.into_iter().map(|h| h.join().map_err(|_| Error::internal("init thread panicked"))?).collect()
     }
 
     fn join(rdv: Rendezvous, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
@@ -202,32 +199,13 @@ impl Communicator {
     ) -> Result<Communicator> {
         let nranks = peers.len();
         let comm_id = comm_id_of(&prefix);
-        let ctx = TransportCtx {
-            rank,
-            nranks,
-            comm_id,
-            secret,
-            peers: peers.clone(),
-        };
+        let ctx = TransportCtx { rank, nranks, comm_id, secret, peers: peers.clone() };
         let shm = if cfg.shm_disable {
             None
         } else {
-            Some(ShmTransport::new(
-                ctx.clone(),
-                ShmConfig {
-                    slots: cfg.slots,
-                    slot_bytes: cfg.chunk_bytes,
-                },
-            )?)
+            Some(ShmTransport::new(ctx.clone(), ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes })?)
         };
-        let tcp = TcpTransport::new(
-            ctx,
-            TcpConfig {
-                slots: cfg.slots,
-                slot_bytes: cfg.chunk_bytes,
-            },
-            peers[rank].ip,
-        );
+        let tcp = TcpTransport::new(ctx, TcpConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes }, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
                 rank,
@@ -288,11 +266,8 @@ impl Communicator {
             return Ok(None);
         }
         members.sort_unstable();
-        let peers: Vec<PeerInfo> = members
-            .iter()
-            .enumerate()
-            .map(|(i, &(_, r))| PeerInfo { rank: i, ..sh.peers[r].clone() })
-            .collect();
+        let peers: Vec<PeerInfo> =
+            members.iter().enumerate().map(|(i, &(_, r))| PeerInfo { rank: i, ..sh.peers[r].clone() }).collect();
         let rank = members.iter().position(|&(_, r)| r == sh.rank).unwrap();
         Self::assemble(
             sh.store.clone(),
@@ -470,24 +445,36 @@ impl Communicator {
     /// Non-blocking in-place all-reduce of an owned buffer; [`Request::wait`] gives it back.
     pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
         let n = buf.len();
-        self.submit_vec::<T>(desc::<T>(Coll::AllReduce, op, n, 0), OpMem::OwnedInPlace { buf: Box::new(buf), in_off: 0, out_off: 0 })
+        self.submit_vec::<T>(
+            desc::<T>(Coll::AllReduce, op, n, 0),
+            OpMem::OwnedInPlace { buf: Box::new(buf), in_off: 0, out_off: 0 },
+        )
     }
     /// Non-blocking broadcast of an owned buffer from `root`.
     pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Result<Request<Vec<T>>> {
         let n = buf.len();
-        self.submit_vec::<T>(desc::<T>(Coll::Broadcast, ReduceOp::Sum, n, root), OpMem::OwnedInPlace { buf: Box::new(buf), in_off: 0, out_off: 0 })
+        self.submit_vec::<T>(
+            desc::<T>(Coll::Broadcast, ReduceOp::Sum, n, root),
+            OpMem::OwnedInPlace { buf: Box::new(buf), in_off: 0, out_off: 0 },
+        )
     }
     /// Non-blocking all-gather; the request yields the gathered vector.
     pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Result<Request<Vec<T>>> {
         let c = send.len();
         let out = vec![T::zeroed(); c * self.size()];
-        self.submit_vec::<T>(desc::<T>(Coll::AllGather, ReduceOp::Sum, c, 0), OpMem::OwnedSplit { input: Box::new(send), output: Box::new(out) })
+        self.submit_vec::<T>(
+            desc::<T>(Coll::AllGather, ReduceOp::Sum, c, 0),
+            OpMem::OwnedSplit { input: Box::new(send), output: Box::new(out) },
+        )
     }
     /// Non-blocking reduce-scatter; the request yields this rank's block of the result.
     pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Result<Request<Vec<T>>> {
         let c = self.per_rank(send.len())?;
         let out = vec![T::zeroed(); c];
-        self.submit_vec::<T>(desc::<T>(Coll::ReduceScatter, op, c, 0), OpMem::OwnedSplit { input: Box::new(send), output: Box::new(out) })
+        self.submit_vec::<T>(
+            desc::<T>(Coll::ReduceScatter, op, c, 0),
+            OpMem::OwnedSplit { input: Box::new(send), output: Box::new(out) },
+        )
     }
 
     /// Wait until every rank arrives.
@@ -509,13 +496,10 @@ impl Communicator {
 
     fn inplace<'a, T: Element>(&self, coll: Coll, count: usize, root: usize, buf: &'a mut [T]) -> Result<OpMem<'a>> {
         let es = std::mem::size_of::<T>();
-        let (io, oo, _) = inplace_layout(coll, self.sh.nranks, self.sh.rank, count, root.min(self.sh.nranks.saturating_sub(1)))
-            .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", coll.name())))?;
-        Ok(OpMem::InPlace {
-            buf: bytemuck::cast_slice_mut(buf),
-            in_off: io * es,
-            out_off: oo * es,
-        })
+        let (io, oo, _) =
+            inplace_layout(coll, self.sh.nranks, self.sh.rank, count, root.min(self.sh.nranks.saturating_sub(1)))
+                .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", coll.name())))?;
+        Ok(OpMem::InPlace { buf: bytemuck::cast_slice_mut(buf), in_off: io * es, out_off: oo * es })
     }
 
     /// Check `desc` and `mem` against this communicator (sizes, root, in-place layout).
@@ -540,10 +524,20 @@ impl Communicator {
         match mem {
             OpMem::Split { input, output } => {
                 if ni > 0 && input.len() != bi {
-                    return bad(format!("send buffer has {} bytes, {} needs {bi} ({ni} x {})", input.len(), d.coll.name(), d.dtype.name()));
+                    return bad(format!(
+                        "send buffer has {} bytes, {} needs {bi} ({ni} x {})",
+                        input.len(),
+                        d.coll.name(),
+                        d.dtype.name()
+                    ));
                 }
                 if no > 0 && output.len() != bo {
-                    return bad(format!("receive buffer has {} bytes, {} needs {bo} ({no} x {})", output.len(), d.coll.name(), d.dtype.name()));
+                    return bad(format!(
+                        "receive buffer has {} bytes, {} needs {bo} ({no} x {})",
+                        output.len(),
+                        d.coll.name(),
+                        d.dtype.name()
+                    ));
                 }
             }
             OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. } => {
@@ -607,10 +601,7 @@ fn take_output<T: Element>(m: OpMem<'static>) -> Result<Vec<T>> {
         OpMem::OwnedSplit { output, .. } => output,
         _ => return Err(Error::internal("request without owned buffers")),
     };
-    b.into_any()
-        .downcast::<Vec<T>>()
-        .map(|b| *b)
-        .map_err(|_| Error::internal("request buffer of another type"))
+    b.into_any().downcast::<Vec<T>>().map(|b| *b).map_err(|_| Error::internal("request buffer of another type"))
 }
 
 struct BusyGuard<'a>(&'a AtomicBool);
@@ -644,10 +635,7 @@ fn desc<T: Element>(coll: Coll, op: ReduceOp, count: usize, root: usize) -> OpDe
 }
 
 fn split<'a, T: Element>(send: &'a [T], recv: &'a mut [T]) -> OpMem<'a> {
-    OpMem::Split {
-        input: bytemuck::cast_slice(send),
-        output: bytemuck::cast_slice_mut(recv),
-    }
+    OpMem::Split { input: bytemuck::cast_slice(send), output: bytemuck::cast_slice_mut(recv) }
 }
 
 impl Shared {
@@ -823,7 +811,13 @@ impl<'a> Group<'a> {
     }
 
     /// Add an all-reduce.
-    pub fn all_reduce<T: Element>(&mut self, comm: &'a Communicator, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<&mut Self> {
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
         self.add(comm, desc::<T>(Coll::AllReduce, op, send.len(), 0), split(send, recv))
     }
 

@@ -40,9 +40,7 @@ impl Default for Config {
             timeout: Duration::from_secs_f64(timeout),
             spin: Duration::from_micros(env_num(&["OXCCL_SPIN_US"]).unwrap_or(50.0) as u64),
             shm_disable: env_any(&["OXCCL_SHM_DISABLE", "NCCL_SHM_DISABLE"]).is_some_and(|v| v != "0"),
-            chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"])
-                .map(|v| ((v as usize).max(64) / 64) * 64)
-                .unwrap_or(256 << 10),
+            chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"]).map(|v| ((v as usize).max(64) / 64) * 64).unwrap_or(256 << 10),
             slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(4),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             host_id: env_any(&["OXCCL_HOSTID", "NCCL_HOSTID"]),

@@ -61,10 +61,16 @@ pub fn value(dt: DataType, op: ReduceOp, rank: usize, nranks: usize, i: usize, s
     }
 }
 
-fn gen<T: Element>(dt: DataType, op: ReduceOp, rank: usize, nranks: usize, count: usize, seed: u64, first: usize) -> Vec<u8> {
-    let v: Vec<T> = (first..first + count)
-        .map(|i| T::from_i64(value(dt, op, rank, nranks, i, seed)))
-        .collect();
+fn gen<T: Element>(
+    dt: DataType,
+    op: ReduceOp,
+    rank: usize,
+    nranks: usize,
+    count: usize,
+    seed: u64,
+    first: usize,
+) -> Vec<u8> {
+    let v: Vec<T> = (first..first + count).map(|i| T::from_i64(value(dt, op, rank, nranks, i, seed))).collect();
     bytemuck::cast_slice(&v).to_vec()
 }
 
@@ -98,7 +104,15 @@ pub fn premul_two(dt: DataType) -> ReduceOp {
 }
 
 /// Rank `rank`'s input of `count` elements starting at element `first`.
-pub fn input_from(dt: DataType, op: ReduceOp, rank: usize, nranks: usize, count: usize, seed: u64, first: usize) -> Vec<u8> {
+pub fn input_from(
+    dt: DataType,
+    op: ReduceOp,
+    rank: usize,
+    nranks: usize,
+    count: usize,
+    seed: u64,
+    first: usize,
+) -> Vec<u8> {
     match dt {
         DataType::I8 => gen::<i8>(dt, op, rank, nranks, count, seed, first),
         DataType::U8 => gen::<u8>(dt, op, rank, nranks, count, seed, first),
@@ -128,9 +142,7 @@ pub fn reduced_from(dt: DataType, op: ReduceOp, nranks: usize, count: usize, see
     let mut done = 0;
     while done < count {
         let n = block.min(count - done);
-        let ins: Vec<Vec<u8>> = (0..nranks)
-            .map(|r| input_from(dt, op, r, nranks, n, seed, first + done))
-            .collect();
+        let ins: Vec<Vec<u8>> = (0..nranks).map(|r| input_from(dt, op, r, nranks, n, seed, first + done)).collect();
         let refs: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();
         out.extend_from_slice(&reduce::reference(dt, op, &refs));
         done += n;
@@ -150,6 +162,59 @@ pub fn count_wrong(dt: DataType, got: &[u8], want: &[u8]) -> usize {
         return got.len().max(want.len()) / s;
     }
     got.chunks(s).zip(want.chunks(s)).filter(|(a, b)| a != b).count()
+}
+
+/// Rank `rank`'s input buffer for `coll` (sized by NCCL's count convention; rank `r`'s data
+/// for all-to-all and scatter is the concatenation of its per-peer blocks).
+#[allow(clippy::too_many_arguments)]
+pub fn coll_input(
+    coll: crate::schedule::Coll,
+    dt: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    rank: usize,
+    count: usize,
+    root: usize,
+    seed: u64,
+) -> Vec<u8> {
+    let (ni, _) = coll.buffer_counts(nranks, rank, count, root);
+    let op = if coll.reduces() { op } else { ReduceOp::Sum };
+    input(dt, op, rank, nranks, ni, seed)
+}
+
+/// What rank `rank`'s output buffer must hold after `coll` over [`coll_input`] data.
+#[allow(clippy::too_many_arguments)]
+pub fn expected_output(
+    coll: crate::schedule::Coll,
+    dt: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    rank: usize,
+    count: usize,
+    root: usize,
+    seed: u64,
+) -> Vec<u8> {
+    use crate::schedule::Coll;
+    let (n, c) = (nranks, count);
+    let (_, no) = coll.buffer_counts(n, rank, c, root);
+    let data = |r: usize, len: usize, first: usize| input_from(dt, ReduceOp::Sum, r, n, len, seed, first);
+    match coll {
+        Coll::AllReduce => reduced(dt, op, n, c, seed),
+        Coll::Reduce => {
+            if rank == root {
+                reduced(dt, op, n, c, seed)
+            } else {
+                vec![]
+            }
+        }
+        Coll::ReduceScatter => reduced_from(dt, op, n, c, seed, rank * c),
+        Coll::AllGather => (0..n).flat_map(|b| data(b, c, 0)).collect(),
+        Coll::Gather => (0..n).flat_map(|b| data(b, c, 0)).take(no * dt.size()).collect(),
+        Coll::Broadcast => data(root, c, 0),
+        Coll::AllToAll => (0..n).flat_map(|p| data(p, c, rank * c)).collect(),
+        Coll::Scatter => data(root, c, rank * c),
+        Coll::Send | Coll::Recv => data(root, c, 0),
+    }
 }
 
 #[cfg(test)]
@@ -177,11 +242,7 @@ mod tests {
                             o
                         })
                         .collect();
-                    let sum_op = if matches!(op, ReduceOp::PreMulSum(_) | ReduceOp::Avg) {
-                        ReduceOp::Sum
-                    } else {
-                        op
-                    };
+                    let sum_op = if matches!(op, ReduceOp::PreMulSum(_) | ReduceOp::Avg) { ReduceOp::Sum } else { op };
                     while lvl.len() > 1 {
                         let mut next = vec![];
                         for p in lvl.chunks(2) {
@@ -205,40 +266,5 @@ mod tests {
                 }
             }
         }
-    }
-}
-
-/// Rank `rank`'s input buffer for `coll` (sized by NCCL's count convention; rank `r`'s data
-/// for all-to-all and scatter is the concatenation of its per-peer blocks).
-#[allow(clippy::too_many_arguments)]
-pub fn coll_input(coll: crate::schedule::Coll, dt: DataType, op: ReduceOp, nranks: usize, rank: usize, count: usize, root: usize, seed: u64) -> Vec<u8> {
-    let (ni, _) = coll.buffer_counts(nranks, rank, count, root);
-    let op = if coll.reduces() { op } else { ReduceOp::Sum };
-    input(dt, op, rank, nranks, ni, seed)
-}
-
-/// What rank `rank`'s output buffer must hold after `coll` over [`coll_input`] data.
-#[allow(clippy::too_many_arguments)]
-pub fn expected_output(coll: crate::schedule::Coll, dt: DataType, op: ReduceOp, nranks: usize, rank: usize, count: usize, root: usize, seed: u64) -> Vec<u8> {
-    use crate::schedule::Coll;
-    let (n, c) = (nranks, count);
-    let (_, no) = coll.buffer_counts(n, rank, c, root);
-    let data = |r: usize, len: usize, first: usize| input_from(dt, ReduceOp::Sum, r, n, len, seed, first);
-    match coll {
-        Coll::AllReduce => reduced(dt, op, n, c, seed),
-        Coll::Reduce => {
-            if rank == root {
-                reduced(dt, op, n, c, seed)
-            } else {
-                vec![]
-            }
-        }
-        Coll::ReduceScatter => reduced_from(dt, op, n, c, seed, rank * c),
-        Coll::AllGather => (0..n).flat_map(|b| data(b, c, 0)).collect(),
-        Coll::Gather => (0..n).flat_map(|b| data(b, c, 0)).take(no * dt.size()).collect(),
-        Coll::Broadcast => data(root, c, 0),
-        Coll::AllToAll => (0..n).flat_map(|p| data(p, c, rank * c)).collect(),
-        Coll::Scatter => data(root, c, rank * c),
-        Coll::Send | Coll::Recv => data(root, c, 0),
     }
 }

@@ -81,7 +81,9 @@ impl OpMem<'_> {
             OpMem::Split { input, output } => OpMem::Split { input, output },
             OpMem::InPlace { buf, in_off, out_off } => OpMem::InPlace { buf, in_off: *in_off, out_off: *out_off },
             OpMem::OwnedSplit { input, output } => OpMem::Split { input: input.bytes(), output: output.bytes_mut() },
-            OpMem::OwnedInPlace { buf, in_off, out_off } => OpMem::InPlace { buf: buf.bytes_mut(), in_off: *in_off, out_off: *out_off },
+            OpMem::OwnedInPlace { buf, in_off, out_off } => {
+                OpMem::InPlace { buf: buf.bytes_mut(), in_off: *in_off, out_off: *out_off }
+            }
         }
     }
 }
@@ -115,9 +117,7 @@ pub fn apply_step(
         OpMem::Split { input, output } => {
             let src = match step.src.map(byte_range) {
                 Some((Buf::Input, a, b)) => Some(input.get(a..b).ok_or_else(oob)?),
-                Some((Buf::Output, _, _)) => {
-                    return Err(Error::internal("schedule reads the output buffer"))
-                }
+                Some((Buf::Output, _, _)) => return Err(Error::internal("schedule reads the output buffer")),
                 None => None,
             };
             match (step.dst.map(byte_range), slot) {
@@ -128,9 +128,7 @@ pub fn apply_step(
                         s[..len].copy_from_slice(d);
                     }
                 }
-                (Some((Buf::Input, _, _)), _) => {
-                    return Err(Error::internal("schedule writes the input buffer"))
-                }
+                (Some((Buf::Input, _, _)), _) => return Err(Error::internal("schedule writes the input buffer")),
                 (None, Some(s)) => combine(dt, op, &mut s[..len], recv, src, post),
                 (None, None) => {}
             }
@@ -193,10 +191,7 @@ pub struct Conns {
 impl Conns {
     /// Empty connection tables for `n` peers.
     pub fn new(n: usize) -> Self {
-        Conns {
-            send: (0..n).map(|_| None).collect(),
-            recv: (0..n).map(|_| None).collect(),
-        }
+        Conns { send: (0..n).map(|_| None).collect(), recv: (0..n).map(|_| None).collect() }
     }
 }
 
@@ -238,7 +233,16 @@ pub struct OpRun<'a> {
 impl<'a> OpRun<'a> {
     /// A new op at step 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(comm: usize, rank: usize, nranks: usize, comm_id: u64, seq: u64, fp: Fingerprint, sched: Schedule, mem: OpMem<'a>) -> Self {
+    pub fn new(
+        comm: usize,
+        rank: usize,
+        nranks: usize,
+        comm_id: u64,
+        seq: u64,
+        fp: Fingerprint,
+        sched: Schedule,
+        mem: OpMem<'a>,
+    ) -> Self {
         OpRun {
             comm,
             rank,
@@ -310,9 +314,7 @@ impl<'a> OpRun<'a> {
         let Conns { send, recv } = conns;
         let msg = match step.recv {
             Some(p) => {
-                let c = recv[p]
-                    .as_mut()
-                    .ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
+                let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
                 match c.peek().map_err(|e| e.with_peer(p))? {
                     None => {
                         self.blocked = Some(Blocked::Recv(p));
@@ -328,9 +330,7 @@ impl<'a> OpRun<'a> {
         };
         let slot = match step.send {
             Some(q) => {
-                let c = send[q]
-                    .as_mut()
-                    .ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
+                let c = send[q].as_mut().ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
                 if c.max_message() < step.count * es {
                     return Err(Error::internal("step larger than the connection's messages"));
                 }
@@ -498,7 +498,13 @@ pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], com
 
 /// Arm everything the ops wait on (their blocking peers, plus sends with unflushed data) and
 /// sleep until one is ready, or at most 500 ms so the deadline and abort are checked.
-pub(crate) fn block<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], deadline: Instant, extra: &[WaitSource]) -> Result<()> {
+pub(crate) fn block<C: DriveComm>(
+    comms: &[&C],
+    ops: &[OpRun<'_>],
+    uses: &[(Vec<usize>, Vec<usize>)],
+    deadline: Instant,
+    extra: &[WaitSource],
+) -> Result<()> {
     let mut sources: Vec<WaitSource> = comms.iter().map(|c| WaitSource::doorbell(c.abort_fd())).collect();
     sources.extend_from_slice(extra);
     let mut wanted: Vec<(usize, Blocked)> = vec![];
@@ -515,7 +521,15 @@ pub(crate) fn block<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], uses: &[(Vec<
             }
         }
     }
-    wanted.sort_unstable_by_key(|&(ci, b)| (ci, matches!(b, Blocked::Send(_)), match b { Blocked::Recv(p) | Blocked::Send(p) => p }));
+    wanted.sort_unstable_by_key(|&(ci, b)| {
+        (
+            ci,
+            matches!(b, Blocked::Send(_)),
+            match b {
+                Blocked::Recv(p) | Blocked::Send(p) => p,
+            },
+        )
+    });
     wanted.dedup();
     let mut armed = vec![];
     let mut ready = false;
@@ -571,23 +585,14 @@ pub(crate) fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Erro
             Some(Blocked::Send(q)) => format!("waiting for rank {q} to drain its receive buffer"),
             None => "waiting for an earlier operation on the same connection".into(),
         };
-        parts.push(format!(
-            "{} (op #{}) at step {}/{}: {what}",
-            o.fp,
-            o.seq,
-            o.pc,
-            o.sched.steps.len()
-        ));
+        parts.push(format!("{} (op #{}) at step {}/{}: {what}", o.fp, o.seq, o.pc, o.sched.steps.len()));
     }
     if parts.is_empty() {
         parts.push("all steps done, waiting for sends to flush".into());
     }
     let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
-    let mut e = Error::new(
-        ErrorKind::Timeout,
-        format!("operation timed out (OXCCL_TIMEOUT): {}", parts.join("; ")),
-    )
-    .with_rank(rank);
+    let mut e = Error::new(ErrorKind::Timeout, format!("operation timed out (OXCCL_TIMEOUT): {}", parts.join("; ")))
+        .with_rank(rank);
     if let Some(o) = ops.iter().find(|o| !o.done()) {
         e = e.with_op(o.fp.to_string()).with_seq(o.seq);
         if let Some(Blocked::Recv(p) | Blocked::Send(p)) = o.blocked {

@@ -107,7 +107,8 @@ fn main_loop(q: &'static Queue) {
             let blocked_by_earlier = (0..i).any(|j| {
                 outcome[j].is_none()
                     && runs[j].comm == ci
-                    && (uses[j].0.iter().any(|p| uses[i].0.contains(p)) || uses[j].1.iter().any(|p| uses[i].1.contains(p)))
+                    && (uses[j].0.iter().any(|p| uses[i].0.contains(p))
+                        || uses[j].1.iter().any(|p| uses[i].1.contains(p)))
             });
             if runs[i].done() || blocked_by_earlier {
                 continue;

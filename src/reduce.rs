@@ -11,11 +11,7 @@ use std::borrow::Cow;
 fn typed<T: Element>(b: &[u8]) -> Cow<'_, [T]> {
     match bytemuck::try_cast_slice::<u8, T>(b) {
         Ok(s) => Cow::Borrowed(s),
-        Err(_) => Cow::Owned(
-            b.chunks_exact(std::mem::size_of::<T>())
-                .map(bytemuck::pod_read_unaligned)
-                .collect(),
-        ),
+        Err(_) => Cow::Owned(b.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()),
     }
 }
 
@@ -42,9 +38,7 @@ fn binop<T: Element>(op: ReduceOp) -> fn(T, T) -> T {
 
 fn scalar<T: Element>(op: ReduceOp) -> Option<T> {
     match op {
-        ReduceOp::PreMulSum(b) => Some(bytemuck::pod_read_unaligned(
-            &b[..std::mem::size_of::<T>()],
-        )),
+        ReduceOp::PreMulSum(b) => Some(bytemuck::pod_read_unaligned(&b[..std::mem::size_of::<T>()])),
         _ => None,
     }
 }
@@ -112,18 +106,10 @@ fn kernel<T: Element>(
     }
 }
 
-fn combine_t<T: Element>(
-    op: ReduceOp,
-    out: &mut [u8],
-    recv: Option<&[u8]>,
-    src: Option<&[u8]>,
-    post: Option<usize>,
-) {
+fn combine_t<T: Element>(op: ReduceOp, out: &mut [u8], recv: Option<&[u8]>, src: Option<&[u8]>, post: Option<usize>) {
     let recv = recv.map(typed::<T>);
     let src = src.map(typed::<T>);
-    with_typed_mut::<T>(out, |o| {
-        kernel::<T>(op, o, recv.as_deref(), src.as_deref(), false, post)
-    });
+    with_typed_mut::<T>(out, |o| kernel::<T>(op, o, recv.as_deref(), src.as_deref(), false, post));
 }
 
 fn combine_inplace_t<T: Element>(op: ReduceOp, inout: &mut [u8], recv: Option<&[u8]>, post: Option<usize>) {
@@ -204,18 +190,11 @@ mod tests {
 
     #[test]
     fn f32_ops() {
-        let a: Vec<f32> = vec![1.0, -2.0, 3.0, 8.0];
-        let b: Vec<f32> = vec![4.0, 5.0, -6.0, 8.0];
+        let a: [f32; 4] = [1.0, -2.0, 3.0, 8.0];
+        let b: [f32; 4] = [4.0, 5.0, -6.0, 8.0];
         let ab = |op| {
             let mut o = vec![0u8; 16];
-            combine(
-                DataType::F32,
-                op,
-                &mut o,
-                Some(bytemuck::cast_slice(&a)),
-                Some(bytemuck::cast_slice(&b)),
-                None,
-            );
+            combine(DataType::F32, op, &mut o, Some(bytemuck::cast_slice(&a)), Some(bytemuck::cast_slice(&b)), None);
             bytemuck::cast_slice::<u8, f32>(&o).to_vec()
         };
         assert_eq!(ab(ReduceOp::Sum), vec![5.0, 3.0, -3.0, 16.0]);
@@ -223,11 +202,7 @@ mod tests {
         assert_eq!(ab(ReduceOp::Min), vec![1.0, -2.0, -6.0, 8.0]);
         assert_eq!(ab(ReduceOp::Max), vec![4.0, 5.0, 3.0, 8.0]);
         assert_eq!(ab(ReduceOp::pre_mul_sum(2.0f32)), vec![9.0, 8.0, -9.0, 24.0]);
-        let r = reference(
-            DataType::F32,
-            ReduceOp::Avg,
-            &[bytemuck::cast_slice(&a), bytemuck::cast_slice(&b)],
-        );
+        let r = reference(DataType::F32, ReduceOp::Avg, &[bytemuck::cast_slice(&a), bytemuck::cast_slice(&b)]);
         assert_eq!(bytemuck::cast_slice::<u8, f32>(&r), &[2.5, 1.5, -1.5, 8.0]);
     }
 
@@ -246,21 +221,11 @@ mod tests {
     #[test]
     fn unaligned_buffers_work() {
         let a: Vec<u8> = bytemuck::cast_slice(&[1.0f64, 2.0]).to_vec();
-        let mut buf = vec![0u8; 17];
+        let mut buf = [0u8; 17];
         buf[1..].copy_from_slice(&a);
-        let mut out = vec![0u8; 17];
-        combine(
-            DataType::F64,
-            ReduceOp::Sum,
-            &mut out[1..],
-            Some(&buf[1..]),
-            Some(&a),
-            None,
-        );
-        let v: Vec<f64> = out[1..]
-            .chunks(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let mut out = [0u8; 17];
+        combine(DataType::F64, ReduceOp::Sum, &mut out[1..], Some(&buf[1..]), Some(&a), None);
+        let v: Vec<f64> = out[1..].chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(v, vec![2.0, 4.0]);
     }
 

@@ -124,10 +124,7 @@ impl Coll {
     }
     /// Whether `root` is meaningful (`peer` for point to point).
     pub fn rooted(self) -> bool {
-        matches!(
-            self,
-            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter | Coll::Send | Coll::Recv
-        )
+        matches!(self, Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter | Coll::Send | Coll::Recv)
     }
     /// Elements of (input, output) buffers on `rank`, in NCCL's count convention.
     pub fn buffer_counts(self, nranks: usize, rank: usize, count: usize, root: usize) -> (usize, usize) {
@@ -165,11 +162,7 @@ pub struct Fingerprint {
 impl Fingerprint {
     /// The `call` word: operation, type, reduce op and root packed in 32 bits.
     pub fn call_word(&self) -> u32 {
-        let root = if matches!(self.coll, Coll::Send | Coll::Recv) {
-            0
-        } else {
-            (self.root as u32) & 0xFFFFF
-        };
+        let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { (self.root as u32) & 0xFFFFF };
         self.coll.code() | (self.dtype as u32) << 4 | self.op.code() << 8 | root << 12
     }
 
@@ -187,36 +180,18 @@ impl Fingerprint {
             9 => "send/recv",
             _ => "unknown",
         };
-        let dt = DataType::from_raw(((call >> 4) & 0xF) as i32)
-            .map(|d| d.name())
-            .unwrap_or("?");
-        let op = ["sum", "prod", "max", "min", "avg", "premulsum"]
-            .get(((call >> 8) & 0xF) as usize)
-            .copied()
-            .unwrap_or("?");
+        let dt = DataType::from_raw(((call >> 4) & 0xF) as i32).map(|d| d.name()).unwrap_or("?");
+        let op =
+            ["sum", "prod", "max", "min", "avg", "premulsum"].get(((call >> 8) & 0xF) as usize).copied().unwrap_or("?");
         format!("{coll}(type={dt}, count={count}, op={op}, root={})", call >> 12)
     }
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = if matches!(self.coll, Coll::Send | Coll::Recv) {
-            "send/recv"
-        } else {
-            self.coll.name()
-        };
-        let root = if matches!(self.coll, Coll::Send | Coll::Recv) {
-            0
-        } else {
-            self.root
-        };
-        write!(
-            f,
-            "{name}(type={}, count={}, op={}, root={root})",
-            self.dtype.name(),
-            self.count,
-            self.op.name()
-        )
+        let name = if matches!(self.coll, Coll::Send | Coll::Recv) { "send/recv" } else { self.coll.name() };
+        let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { self.root };
+        write!(f, "{name}(type={}, count={}, op={}, root={root})", self.dtype.name(), self.count, self.op.name())
     }
 }
 
@@ -258,16 +233,10 @@ impl Builder {
 }
 
 fn inp(offset: usize) -> Option<Slice> {
-    Some(Slice {
-        buf: Buf::Input,
-        offset,
-    })
+    Some(Slice { buf: Buf::Input, offset })
 }
 fn out(offset: usize) -> Option<Slice> {
-    Some(Slice {
-        buf: Buf::Output,
-        offset,
-    })
+    Some(Slice { buf: Buf::Output, offset })
 }
 
 /// Split `[0, len)` into messages of at most `chunk` and call `f(offset, count)` for the k-th.
@@ -288,14 +257,7 @@ pub fn build(p: &Params) -> Schedule {
     let m = |x: isize| (x.rem_euclid(n as isize)) as usize;
     let ri = r as isize;
     let local = |b: &mut Builder, src: usize, dst: usize, len: usize, post: bool| {
-        b.step(Step {
-            recv: None,
-            src: inp(src),
-            dst: out(dst),
-            send: None,
-            count: len,
-            post,
-        });
+        b.step(Step { recv: None, src: inp(src), dst: out(dst), send: None, count: len, post });
     };
     match p.coll {
         Coll::AllReduce if n == 1 => local(&mut b, 0, 0, c, p.avg),
@@ -327,9 +289,23 @@ pub fn build(p: &Params) -> Schedule {
             for k in 0..c.div_ceil(ch) {
                 let (o, l) = chunk_of(0, c, k, ch);
                 let blk = |x: usize| x * c + o;
-                b.step(Step { recv: None, src: inp(blk(m(ri - 1))), dst: None, send: Some(next), count: l, post: false });
+                b.step(Step {
+                    recv: None,
+                    src: inp(blk(m(ri - 1))),
+                    dst: None,
+                    send: Some(next),
+                    count: l,
+                    post: false,
+                });
                 for j in 1..n as isize - 1 {
-                    b.step(Step { recv: Some(prev), src: inp(blk(m(ri - 1 - j))), dst: None, send: Some(next), count: l, post: false });
+                    b.step(Step {
+                        recv: Some(prev),
+                        src: inp(blk(m(ri - 1 - j))),
+                        dst: None,
+                        send: Some(next),
+                        count: l,
+                        post: false,
+                    });
                 }
                 b.step(Step { recv: Some(prev), src: inp(blk(r)), dst: out(o), send: None, count: l, post: p.avg });
             }
@@ -341,10 +317,24 @@ pub fn build(p: &Params) -> Schedule {
                 let send = (n > 1).then_some(next);
                 b.step(Step { recv: None, src: inp(o), dst: out(blk(r)), send, count: l, post: false });
                 for j in 1..n as isize - 1 {
-                    b.step(Step { recv: Some(prev), src: None, dst: out(blk(m(ri - j))), send: Some(next), count: l, post: false });
+                    b.step(Step {
+                        recv: Some(prev),
+                        src: None,
+                        dst: out(blk(m(ri - j))),
+                        send: Some(next),
+                        count: l,
+                        post: false,
+                    });
                 }
                 if n > 1 {
-                    b.step(Step { recv: Some(prev), src: None, dst: out(blk(next)), send: None, count: l, post: false });
+                    b.step(Step {
+                        recv: Some(prev),
+                        src: None,
+                        dst: out(blk(next)),
+                        send: None,
+                        count: l,
+                        post: false,
+                    });
                 }
             }
         }
@@ -384,7 +374,14 @@ pub fn build(p: &Params) -> Schedule {
                 for k in 0..c.div_ceil(ch) {
                     let (o, l) = chunk_of(0, c, k, ch);
                     b.step(Step { recv: None, src: inp(to * c + o), dst: None, send: Some(to), count: l, post: false });
-                    b.step(Step { recv: Some(from), src: None, dst: out(from * c + o), send: None, count: l, post: false });
+                    b.step(Step {
+                        recv: Some(from),
+                        src: None,
+                        dst: out(from * c + o),
+                        send: None,
+                        count: l,
+                        post: false,
+                    });
                 }
             }
         }
@@ -395,7 +392,14 @@ pub fn build(p: &Params) -> Schedule {
                     let from = (r + i) % n;
                     for k in 0..c.div_ceil(ch) {
                         let (o, l) = chunk_of(0, c, k, ch);
-                        b.step(Step { recv: Some(from), src: None, dst: out(from * c + o), send: None, count: l, post: false });
+                        b.step(Step {
+                            recv: Some(from),
+                            src: None,
+                            dst: out(from * c + o),
+                            send: None,
+                            count: l,
+                            post: false,
+                        });
                     }
                 }
             } else {
@@ -412,7 +416,14 @@ pub fn build(p: &Params) -> Schedule {
                     let to = (r + i) % n;
                     for k in 0..c.div_ceil(ch) {
                         let (o, l) = chunk_of(0, c, k, ch);
-                        b.step(Step { recv: None, src: inp(to * c + o), dst: None, send: Some(to), count: l, post: false });
+                        b.step(Step {
+                            recv: None,
+                            src: inp(to * c + o),
+                            dst: None,
+                            send: Some(to),
+                            count: l,
+                            post: false,
+                        });
                     }
                 }
             } else {
@@ -539,7 +550,13 @@ pub mod cost {
 /// In-place layout of `coll` on `rank`, as NCCL defines it: both buffers are windows of one
 /// allocation; returns (input offset, output offset, allocation length) in elements, or `None`
 /// when the operation has no in-place form.
-pub fn inplace_layout(coll: Coll, nranks: usize, rank: usize, count: usize, root: usize) -> Option<(usize, usize, usize)> {
+pub fn inplace_layout(
+    coll: Coll,
+    nranks: usize,
+    rank: usize,
+    count: usize,
+    root: usize,
+) -> Option<(usize, usize, usize)> {
     let (ni, no) = coll.buffer_counts(nranks, rank, count, root);
     match coll {
         Coll::AllReduce | Coll::Broadcast | Coll::Reduce => Some((0, 0, ni.max(no))),

@@ -97,7 +97,11 @@ impl<T: Clone> Mem<T> {
     }
     fn get(&self, buf: Buf, off: usize) -> Option<&T> {
         let (in_a, i) = self.slot(buf, off);
-        if in_a { self.a.get(i) } else { self.b.get(i) }
+        if in_a {
+            self.a.get(i)
+        } else {
+            self.b.get(i)
+        }
     }
     fn set(&mut self, buf: Buf, off: usize, v: T) -> bool {
         let (in_a, i) = self.slot(buf, off);
@@ -310,9 +314,9 @@ pub fn check_numeric(case: &Case, dt: DataType, op: ReduceOp) -> Result<(), Stri
         },
         |m| m.len() / es,
     )?;
-    for r in 0..n {
+    for (r, m) in mem.iter().enumerate() {
         let want = exact::expected_output(case.coll, dt, op, n, r, case.count, case.root, seed);
-        let got = mem[r].output(want.len());
+        let got = m.output(want.len());
         let wrong = exact::count_wrong(dt, &got, &want);
         if wrong > 0 {
             return Err(format!("rank {r}: {wrong} wrong elements ({dt:?} {op:?})"));

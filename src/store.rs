@@ -57,10 +57,7 @@ impl MemStore {
 }
 
 fn store_timeout(keys: &[String], timeout: Duration) -> Error {
-    Error::timeout(format!(
-        "bootstrap store: keys {keys:?} not set within {:.1} s",
-        timeout.as_secs_f64()
-    ))
+    Error::timeout(format!("bootstrap store: keys {keys:?} not set within {:.1} s", timeout.as_secs_f64()))
 }
 
 impl Store for MemStore {
@@ -86,11 +83,7 @@ impl Store for MemStore {
     }
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let mut g = self.map.lock().unwrap();
-        let v = g
-            .get(key)
-            .and_then(|b| std::str::from_utf8(b).ok()?.parse::<i64>().ok())
-            .unwrap_or(0)
-            + delta;
+        let v = g.get(key).and_then(|b| std::str::from_utf8(b).ok()?.parse::<i64>().ok()).unwrap_or(0) + delta;
         g.insert(key.to_string(), v.to_string().into_bytes());
         self.cv.notify_all();
         Ok(v)
@@ -113,10 +106,7 @@ pub struct PrefixStore {
 impl PrefixStore {
     /// Wrap `inner`.
     pub fn new(inner: Arc<dyn Store>, prefix: impl Into<String>) -> Self {
-        PrefixStore {
-            inner,
-            prefix: prefix.into(),
-        }
+        PrefixStore { inner, prefix: prefix.into() }
     }
     fn k(&self, key: &str) -> String {
         format!("{}/{key}", self.prefix)
@@ -190,10 +180,7 @@ fn read_u64(s: &mut impl Read) -> std::io::Result<u64> {
 fn read_sized(s: &mut impl Read, max: u64) -> std::io::Result<Vec<u8>> {
     let n = read_u64(s)?;
     if n > max {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("length {n} exceeds {max}"),
-        ));
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("length {n} exceeds {max}")));
     }
     read_exact(s, n as usize)
 }
@@ -215,12 +202,7 @@ impl TcpStore {
     /// Connect to the store at `addr`, retrying until `timeout`. With `secret`, answer the
     /// server's challenge (oxccl's authenticated mode).
     pub fn connect(addr: SocketAddr, secret: Option<[u8; 32]>, timeout: Duration) -> Result<TcpStore> {
-        let st = TcpStore {
-            addr,
-            secret,
-            conn: Mutex::new(None),
-            connect_timeout: timeout,
-        };
+        let st = TcpStore { addr, secret, conn: Mutex::new(None), connect_timeout: timeout };
         let s = st.open()?;
         *st.conn.lock().unwrap() = Some(s);
         Ok(st)
@@ -272,7 +254,12 @@ impl TcpStore {
 
     /// Run one request/response exchange. On an I/O error or timeout the connection is dropped
     /// and re-opened by the next call.
-    fn call<R>(&self, req: &[u8], timeout: Option<Duration>, resp: impl FnOnce(&mut TcpStream) -> std::io::Result<R>) -> Result<R> {
+    fn call<R>(
+        &self,
+        req: &[u8],
+        timeout: Option<Duration>,
+        resp: impl FnOnce(&mut TcpStream) -> std::io::Result<R>,
+    ) -> Result<R> {
         let mut g = self.conn.lock().unwrap();
         if g.is_none() {
             *g = Some(self.open()?);
@@ -317,11 +304,8 @@ impl Store for TcpStore {
         match w {
             Ok(_) => {}
             Err(e) if e.kind == ErrorKind::Timeout => {
-                let missing: Vec<String> = keys
-                    .iter()
-                    .filter(|k| !self.check(std::slice::from_ref(*k)).unwrap_or(false))
-                    .cloned()
-                    .collect();
+                let missing: Vec<String> =
+                    keys.iter().filter(|k| !self.check(std::slice::from_ref(*k)).unwrap_or(false)).cloned().collect();
                 return Err(store_timeout(&missing, timeout));
             }
             Err(e) => return Err(e),
@@ -335,23 +319,17 @@ impl Store for TcpStore {
         let mut b = vec![q::ADD];
         put_key(&mut b, key);
         b.extend_from_slice(&delta.to_ne_bytes());
-        self.call(&b, Some(self.connect_timeout), |s| {
-            Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap()))
-        })
+        self.call(&b, Some(self.connect_timeout), |s| Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap())))
     }
 
     fn check(&self, keys: &[String]) -> Result<bool> {
-        self.call(&Self::keys_req(q::CHECK, keys), Some(self.connect_timeout), |s| {
-            Ok(read_exact(s, 1)?[0] == 0)
-        })
+        self.call(&Self::keys_req(q::CHECK, keys), Some(self.connect_timeout), |s| Ok(read_exact(s, 1)?[0] == 0))
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
         let mut b = vec![q::DELETE_KEY];
         put_key(&mut b, key);
-        self.call(&b, Some(self.connect_timeout), |s| {
-            Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap()) > 0)
-        })
+        self.call(&b, Some(self.connect_timeout), |s| Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap()) > 0))
     }
 }
 
@@ -377,9 +355,7 @@ pub struct StoreServer {
 impl StoreServer {
     /// Serve on `listener`. With `secret`, clients must answer a challenge first.
     pub fn start(listener: TcpListener, secret: Option<[u8; 32]>) -> Result<StoreServer> {
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::system("store local_addr", &e))?;
+        let addr = listener.local_addr().map_err(|e| Error::system("store local_addr", &e))?;
         let state = Arc::new(ServerState {
             map: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
@@ -407,11 +383,7 @@ impl StoreServer {
                 }
             })
             .map_err(|e| Error::system("spawning the store thread", &e))?;
-        Ok(StoreServer {
-            state,
-            addr,
-            accept: Some(accept),
-        })
+        Ok(StoreServer { state, addr, accept: Some(accept) })
     }
 
     /// The address it serves on.
@@ -460,7 +432,11 @@ fn invalid(msg: &str) -> std::io::Error {
 
 /// Block until all `keys` exist. Gives up when the server stops or the client goes away (a
 /// client whose wait timed out reconnects, so its old connection must not keep a thread here).
-fn wait_keys<'a>(st: &'a ServerState, keys: &[String], client: &TcpStream) -> std::io::Result<std::sync::MutexGuard<'a, HashMap<String, Vec<u8>>>> {
+fn wait_keys<'a>(
+    st: &'a ServerState,
+    keys: &[String],
+    client: &TcpStream,
+) -> std::io::Result<std::sync::MutexGuard<'a, HashMap<String, Vec<u8>>>> {
     let mut g = st.map.lock().unwrap();
     while !keys.iter().all(|k| g.contains_key(k)) {
         if st.stop.load(Ordering::SeqCst) || client_gone(client) {
@@ -474,7 +450,8 @@ fn wait_keys<'a>(st: &'a ServerState, keys: &[String], client: &TcpStream) -> st
 fn client_gone(s: &TcpStream) -> bool {
     let mut b = [0u8; 1];
     let _ = s.set_nonblocking(true);
-    let gone = matches!(s.peek(&mut b), Ok(0)) || matches!(s.peek(&mut b), Err(e) if e.kind() != std::io::ErrorKind::WouldBlock);
+    let gone = matches!(s.peek(&mut b), Ok(0))
+        || matches!(s.peek(&mut b), Err(e) if e.kind() != std::io::ErrorKind::WouldBlock);
     let _ = s.set_nonblocking(false);
     gone
 }
@@ -493,9 +470,8 @@ fn serve_inner(st: &ServerState, s: &mut TcpStream) -> std::io::Result<()> {
         random_bytes(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
         s.write_all(&nonce)?;
         s.set_read_timeout(Some(AUTH_TIMEOUT))?;
-        let claimed = read_exact(s, 32).map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no authentication in time")
-        })?;
+        let claimed = read_exact(s, 32)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no authentication in time"))?;
         let mut ctx = b"oxccl-store".to_vec();
         ctx.extend_from_slice(&nonce);
         if !verify_proof(secret, &ctx, &claimed) {
@@ -638,7 +614,10 @@ mod tests {
         assert!(!st.delete("a").unwrap());
         // usable after a timeout
         st.set("b", b"2").unwrap();
-        assert_eq!(st.multi_get(&["b".into(), "n".into()], Duration::from_secs(1)).unwrap(), vec![b"2".to_vec(), b"3".to_vec()]);
+        assert_eq!(
+            st.multi_get(&["b".into(), "n".into()], Duration::from_secs(1)).unwrap(),
+            vec![b"2".to_vec(), b"3".to_vec()]
+        );
     }
 
     #[test]

@@ -62,22 +62,14 @@ impl DataType {
 
     /// From the `ncclDataType_t` value.
     pub fn from_raw(v: i32) -> Result<DataType> {
-        DataType::ALL
-            .get(usize::try_from(v).map_err(|_| bad_dtype(v))?)
-            .copied()
-            .ok_or_else(|| bad_dtype(v))
+        DataType::ALL.get(usize::try_from(v).map_err(|_| bad_dtype(v))?).copied().ok_or_else(|| bad_dtype(v))
     }
 
     /// Whether it is a floating-point type.
     pub const fn is_float(self) -> bool {
         matches!(
             self,
-            DataType::F16
-                | DataType::F32
-                | DataType::F64
-                | DataType::BF16
-                | DataType::F8E4M3
-                | DataType::F8E5M2
+            DataType::F16 | DataType::F32 | DataType::F64 | DataType::BF16 | DataType::F8E4M3 | DataType::F8E5M2
         )
     }
 
@@ -143,13 +135,7 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// The four plain ops and avg, in NCCL order (pre-multiplied sum needs a scalar).
-    pub const BASIC: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::Avg,
-    ];
+    pub const BASIC: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
 
     /// A pre-multiplied sum with a scalar of element type `T`.
     pub fn pre_mul_sum<T: Element>(scalar: T) -> ReduceOp {
@@ -160,14 +146,11 @@ impl ReduceOp {
 
     /// From the `ncclRedOp_t` value of a built-in op.
     pub fn from_raw(v: i32) -> Result<ReduceOp> {
-        ReduceOp::BASIC
-            .get(usize::try_from(v).unwrap_or(usize::MAX))
-            .copied()
-            .ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "reduction op {v} is out of range (0..=4, or a handle from ncclRedOpCreatePreMulSum)"
-                ))
-            })
+        ReduceOp::BASIC.get(usize::try_from(v).unwrap_or(usize::MAX)).copied().ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "reduction op {v} is out of range (0..=4, or a handle from ncclRedOpCreatePreMulSum)"
+            ))
+        })
     }
 
     /// Index used in fingerprints and tables (0..=5).
@@ -275,11 +258,7 @@ fn fp8_encode(x: f32, decode: fn(u8) -> f32, max_code: u8, nan: u8) -> u8 {
     }
     let below = decode(lo);
     let above = decode(lo + 1);
-    let code = if a - below < above - a || (a - below == above - a && lo & 1 == 0) {
-        lo
-    } else {
-        lo + 1
-    };
+    let code = if a - below < above - a || (a - below == above - a && lo & 1 == 0) { lo } else { lo + 1 };
     sign | code
 }
 
@@ -529,9 +508,7 @@ mod tests {
 
     #[test]
     fn premul_scalar_bytes() {
-        let ReduceOp::PreMulSum(b) = ReduceOp::pre_mul_sum(2.0f32) else {
-            panic!()
-        };
+        let ReduceOp::PreMulSum(b) = ReduceOp::pre_mul_sum(2.0f32) else { panic!() };
         assert_eq!(f32::from_le_bytes(b[..4].try_into().unwrap()), 2.0);
     }
 }

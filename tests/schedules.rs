@@ -90,7 +90,16 @@ fn numeric_every_type_and_op_through_the_executor_step() {
                                 continue;
                             }
                             let root = n / 2;
-                            let case = Case { coll, nranks: n, count, root, chunk, inplace, avg: op == ReduceOp::Avg, depth: 2 };
+                            let case = Case {
+                                coll,
+                                nranks: n,
+                                count,
+                                root,
+                                chunk,
+                                inplace,
+                                avg: op == ReduceOp::Avg,
+                                depth: 2,
+                            };
                             if let Err(e) = check_numeric(&case, dt, op) {
                                 panic!("{case:?} {dt:?} {op:?}: {e}");
                             }
@@ -104,7 +113,8 @@ fn numeric_every_type_and_op_through_the_executor_step() {
 
 #[test]
 fn broken_schedules_are_caught() {
-    let case = Case { coll: Coll::AllReduce, nranks: 4, count: 16, root: 0, chunk: 2, inplace: false, avg: false, depth: 2 };
+    let case =
+        Case { coll: Coll::AllReduce, nranks: 4, count: 16, root: 0, chunk: 2, inplace: false, avg: false, depth: 2 };
     // drop a step: unreceived messages or deadlock
     let mut s = schedules(&case);
     s[1].steps.remove(3);
@@ -148,7 +158,15 @@ fn costs_match_the_documented_formulas() {
         }
         if n > 1 {
             // one chunk round of allreduce: 2(n-1) sends per rank
-            let s = build(&Params { coll: Coll::AllReduce, nranks: n, rank: 0, count: n * 7, root: 0, chunk: 7, avg: false });
+            let s = build(&Params {
+                coll: Coll::AllReduce,
+                nranks: n,
+                rank: 0,
+                count: n * 7,
+                root: 0,
+                chunk: 7,
+                avg: false,
+            });
             assert_eq!(s.steps.iter().filter(|x| x.send.is_some()).count(), cost::allreduce_sends_per_round(n));
         }
     }

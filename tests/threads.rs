@@ -5,10 +5,8 @@ use oxccl::{Coll, Communicator, Config, DataType, ErrorKind, Group, OpDesc, OpMe
 use std::time::{Duration, Instant};
 
 fn cfg() -> Config {
-    let mut c = Config::default();
-    c.timeout = Duration::from_secs(60);
-    c.chunk_bytes = 4096; // small slots: many chunks even for small counts
-    c
+    // small slots: many chunks even for small counts
+    Config { timeout: Duration::from_secs(60), chunk_bytes: 4096, ..Default::default() }
 }
 
 fn on_all<F>(comms: Vec<Communicator>, f: F)
@@ -159,7 +157,7 @@ fn groups_make_send_recv_rings_and_self_sends_work() {
 fn one_thread_drives_all_ranks_in_a_group() {
     // NCCL's single-process pattern: ncclCommInitAll, then one thread issues every rank's call
     let comms = Communicator::init_all_with_config(4, cfg()).unwrap();
-    let ins: Vec<Vec<i32>> = (0..4).map(|r| vec![r as i32 + 1; 100_000]).collect();
+    let ins: Vec<Vec<i32>> = (0..4i32).map(|r| vec![r + 1; 100_000]).collect();
     let mut outs: Vec<Vec<i32>> = (0..4).map(|_| vec![0; 100_000]).collect();
     let mut g = Group::new();
     for ((c, i), o) in comms.iter().zip(&ins).zip(outs.iter_mut()) {
@@ -219,7 +217,13 @@ fn bad_arguments_are_refused_without_side_effects() {
         assert!(e.to_string().contains("in-place"), "{e}");
         let e = c
             .run(
-                OpDesc { coll: Coll::AllReduce, dtype: DataType::F64, op: ReduceOp::Sum, count: usize::MAX / 4, root: 0 },
+                OpDesc {
+                    coll: Coll::AllReduce,
+                    dtype: DataType::F64,
+                    op: ReduceOp::Sum,
+                    count: usize::MAX / 4,
+                    root: 0,
+                },
                 OpMem::Split { input: &[], output: &mut [] },
             )
             .unwrap_err();

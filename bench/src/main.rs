@@ -39,17 +39,8 @@ struct Opts {
     netns: Vec<String>,
 }
 
-const ALL_COLLS: [&str; 9] = [
-    "allreduce",
-    "allgather",
-    "reducescatter",
-    "broadcast",
-    "reduce",
-    "alltoall",
-    "gather",
-    "scatter",
-    "sendrecv",
-];
+const ALL_COLLS: [&str; 9] =
+    ["allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "gather", "scatter", "sendrecv"];
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
@@ -59,9 +50,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>()
-        .map(|n| n * mul)
-        .map_err(|_| format!("bad size {s:?}"))
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("bad size {s:?}"))
 }
 
 fn usage() -> String {
@@ -141,7 +130,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                 } else {
                     let mut cs = vec![];
                     for c in v.split(',') {
-                        cs.push(*ALL_COLLS.iter().find(|x| **x == c).ok_or_else(|| format!("unknown collective {c:?}"))?);
+                        cs.push(
+                            *ALL_COLLS.iter().find(|x| **x == c).ok_or_else(|| format!("unknown collective {c:?}"))?,
+                        );
                     }
                     cs
                 }
@@ -204,7 +195,17 @@ struct Result1 {
 }
 
 /// Time `iters` runs of one operation and optionally check one more run.
-fn bench_one(c: &Communicator, o: &Opts, name: &str, dt: DataType, op: ReduceOp, count: usize, root: usize, inplace: bool) -> oxccl::Result<Option<Result1>> {
+#[allow(clippy::too_many_arguments)]
+fn bench_one(
+    c: &Communicator,
+    o: &Opts,
+    name: &str,
+    dt: DataType,
+    op: ReduceOp,
+    count: usize,
+    root: usize,
+    inplace: bool,
+) -> oxccl::Result<Option<Result1>> {
     let (n, r) = (c.size(), c.rank());
     let es = dt.size();
     if name == "sendrecv" {
@@ -215,8 +216,16 @@ fn bench_one(c: &Communicator, o: &Opts, name: &str, dt: DataType, op: ReduceOp,
         let mut out = vec![0u8; count * es];
         let run = |out: &mut [u8]| -> oxccl::Result<()> {
             let mut g = oxccl::Group::new();
-            g.add(c, OpDesc { coll: Coll::Send, dtype: dt, op: ReduceOp::Sum, count, root: (r + 1) % n }, OpMem::Split { input: &input, output: &mut [] })?;
-            g.add(c, OpDesc { coll: Coll::Recv, dtype: dt, op: ReduceOp::Sum, count, root: (r + n - 1) % n }, OpMem::Split { input: &[], output: out })?;
+            g.add(
+                c,
+                OpDesc { coll: Coll::Send, dtype: dt, op: ReduceOp::Sum, count, root: (r + 1) % n },
+                OpMem::Split { input: &input, output: &mut [] },
+            )?;
+            g.add(
+                c,
+                OpDesc { coll: Coll::Recv, dtype: dt, op: ReduceOp::Sum, count, root: (r + n - 1) % n },
+                OpMem::Split { input: &[], output: out },
+            )?;
             g.run()
         };
         for _ in 0..o.warmup {
@@ -339,9 +348,30 @@ fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
         let coll = coll_of(name);
         if lead {
             println!("# Collective: {name}");
-            println!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "");
-            println!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-            println!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+            println!(
+                "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
+                "", "", "", "", ""
+            );
+            println!(
+                "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong"
+            );
+            println!(
+                "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+                "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+            );
         }
         let reduces = coll.reduces();
         let ops: Vec<String> = if reduces { o.ops.clone() } else { vec!["none".into()] };
@@ -364,7 +394,8 @@ fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
                     for size in sizes(o) {
                         let es = dt.size();
                         // per-rank counts for the collectives nccl-tests sizes by total bytes
-                        let per_rank = matches!(*name, "allgather" | "reducescatter" | "alltoall" | "gather" | "scatter");
+                        let per_rank =
+                            matches!(*name, "allgather" | "reducescatter" | "alltoall" | "gather" | "scatter");
                         let count = if per_rank { size / es / n } else { size / es };
                         let total = if per_rank { count * n * es } else { count * es };
                         let mut cols = String::new();
@@ -387,7 +418,12 @@ fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
                         }
                         if lead {
                             let root_col = if coll.rooted() && *name != "sendrecv" { root as i64 } else { -1 };
-                            println!("{total:12}  {:12}  {:>8}  {:>6}  {root_col:6}{cols}", total / es, dt.name(), opname);
+                            println!(
+                                "{total:12}  {:12}  {:>8}  {:>6}  {root_col:6}{cols}",
+                                total / es,
+                                dt.name(),
+                                opname
+                            );
                         }
                     }
                 }

@@ -21,7 +21,8 @@ fn perf(np: usize, extra: &[&str], env: &[(&str, &str)]) {
     assert!(stdout.contains("# Avg bus bandwidth"), "{stdout}");
 }
 
-const SMALL_ALL: [&str; 16] = ["--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0"];
+const SMALL_ALL: [&str; 16] =
+    ["--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0"];
 const F32_BIG: [&str; 14] = ["--coll", "all", "-b", "4", "-e", "4M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"];
 
 fn with_check(a: &[&'static str]) -> Vec<&'static str> {
@@ -61,7 +62,11 @@ fn eight_ranks_on_two_cores_shm_tcp_and_mixed() {
 
 #[test]
 fn sixteen_ranks_oversubscribed() {
-    perf(16, &["--coll", "allreduce,allgather,sendrecv", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"], &[]);
+    perf(
+        16,
+        &["--coll", "allreduce,allgather,sendrecv", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"],
+        &[],
+    );
 }
 
 #[test]
@@ -75,12 +80,29 @@ fn bad_flags_exit_2() {
 /// rank and size come from torchrun's, Open MPI's or Slurm's variable names.
 #[test]
 fn env_launch_with_each_launchers_variables() {
-    for (rank_var, size_var) in [("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")] {
+    for (rank_var, size_var) in
+        [("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")]
+    {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let kids: Vec<_> = (0..3)
             .map(|r| {
                 Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
-                    .args(["--coll", "allreduce,broadcast", "-b", "8", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1"])
+                    .args([
+                        "--coll",
+                        "allreduce,broadcast",
+                        "-b",
+                        "8",
+                        "-e",
+                        "64K",
+                        "-f",
+                        "64",
+                        "-n",
+                        "1",
+                        "-w",
+                        "0",
+                        "-c",
+                        "1",
+                    ])
                     .env(rank_var, r.to_string())
                     .env(size_var, "3")
                     .env("MASTER_ADDR", "127.0.0.1")

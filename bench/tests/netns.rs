@@ -15,7 +15,10 @@ struct Hosts;
 
 impl Hosts {
     fn up(n: usize) -> Hosts {
-        let s = Command::new(shared().join("netns/netns_up.sh")).args(["-n", &n.to_string()]).status().expect("netns_up.sh");
+        let s = Command::new(shared().join("netns/netns_up.sh"))
+            .args(["-n", &n.to_string()])
+            .status()
+            .expect("netns_up.sh");
         assert!(s.success(), "netns_up.sh failed");
         Hosts
     }
@@ -52,7 +55,9 @@ fn perf(np: usize, netns: &str, extra: &[&str]) {
 #[ignore = "needs root and network namespaces (run by .ci/run)"]
 fn collectives_across_namespace_hosts() {
     let _h = Hosts::up(4);
-    let all = ["--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1"];
+    let all = [
+        "--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1",
+    ];
     let big = ["--coll", "all", "-b", "4", "-e", "8M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"];
     perf(2, "cclt-h1,cclt-h2", &all);
     perf(4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);

@@ -88,7 +88,24 @@ fn torchrun_launches_oxccl_perf_as_clients_of_its_store() {
     let out = Command::new(python())
         .args(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"])
         .arg(format!("--master-port={port}"))
-        .args(["--no-python", env!("CARGO_BIN_EXE_oxccl-perf"), "--coll", "all", "-b", "8", "-e", "1M", "-f", "8", "-n", "2", "-w", "1", "-c", "1"])
+        .args([
+            "--no-python",
+            env!("CARGO_BIN_EXE_oxccl-perf"),
+            "--coll",
+            "all",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "-c",
+            "1",
+        ])
         .env("OXCCL_SOCKET_IFNAME", "lo")
         .env("OXCCL_DEBUG", "INFO")
         .output()

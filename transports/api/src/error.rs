@@ -72,15 +72,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A new error of `kind` with a message and no context yet.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-            rank: None,
-            peer: None,
-            op: None,
-            seq: None,
-            os_error: None,
-        }
+        Error { kind, message: message.into(), rank: None, peer: None, op: None, seq: None, os_error: None }
     }
     /// Shorthand for [`ErrorKind::InvalidArgument`].
     pub fn invalid_argument(message: impl Into<String>) -> Self {
@@ -159,15 +151,8 @@ mod tests {
 
     #[test]
     fn display_names_rank_peer_and_op() {
-        let e = Error::remote("connection closed")
-            .with_rank(2)
-            .with_peer(3)
-            .with_op("allreduce")
-            .with_seq(17);
-        assert_eq!(
-            e.to_string(),
-            "[rank 2] allreduce #17: peer 3: remote error: connection closed"
-        );
+        let e = Error::remote("connection closed").with_rank(2).with_peer(3).with_op("allreduce").with_seq(17);
+        assert_eq!(e.to_string(), "[rank 2] allreduce #17: peer 3: remote error: connection closed");
         // first context wins
         let e = e.with_rank(9).with_peer(9);
         assert_eq!(e.rank, Some(2));

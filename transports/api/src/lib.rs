@@ -80,10 +80,7 @@ impl Header {
     /// Decode, rejecting a wrong magic/version or a payload longer than `max_len`.
     pub fn decode(b: &[u8], max_len: usize) -> Result<Header> {
         if b.len() < HEADER_BYTES {
-            return Err(Error::remote(format!(
-                "short frame header: {} bytes",
-                b.len()
-            )));
+            return Err(Error::remote(format!("short frame header: {} bytes", b.len())));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
@@ -102,10 +99,7 @@ impl Header {
             call: u32_at(36),
         };
         if h.len as usize > max_len {
-            return Err(Error::remote(format!(
-                "frame length {} exceeds the connection's maximum {max_len}",
-                h.len
-            )));
+            return Err(Error::remote(format!("frame length {} exceeds the connection's maximum {max_len}", h.len)));
         }
         Ok(h)
     }
@@ -129,11 +123,7 @@ pub struct PeerInfo {
 impl PeerInfo {
     /// Encode as bytes for the bootstrap store.
     pub fn encode(&self) -> Vec<u8> {
-        format!(
-            "{}\t{}\t{}\t{}\t{}",
-            self.rank, self.host_id, self.pid, self.ip, self.hostname
-        )
-        .into_bytes()
+        format!("{}\t{}\t{}\t{}\t{}", self.rank, self.host_id, self.pid, self.ip, self.hostname).into_bytes()
     }
     /// Decode what [`PeerInfo::encode`] wrote.
     pub fn decode(b: &[u8]) -> Result<PeerInfo> {
@@ -230,10 +220,7 @@ pub trait Transport: Send + Sync {
     fn connect_send(&self, peer: usize, blob: &[u8], deadline: Instant) -> Result<Box<dyn SendConn>>;
     /// One-sided put (optional capability).
     fn put(&self, _peer: usize, _remote_key: u64, _offset: usize, _data: &[u8]) -> Result<()> {
-        Err(Error::new(
-            ErrorKind::Unavailable,
-            format!("transport {} does not support one-sided put", self.name()),
-        ))
+        Err(Error::new(ErrorKind::Unavailable, format!("transport {} does not support one-sided put", self.name())))
     }
 }
 
@@ -267,14 +254,7 @@ mod tests {
 
     #[test]
     fn header_roundtrip_and_rejects() {
-        let h = Header {
-            len: 77,
-            comm: 1,
-            seq: 2,
-            count: 3,
-            step: 4,
-            call: 5,
-        };
+        let h = Header { len: 77, comm: 1, seq: 2, count: 3, step: 4, call: 5 };
         let b = h.encode();
         assert_eq!(Header::decode(&b, 100).unwrap(), h);
         assert!(Header::decode(&b, 76).is_err(), "oversized length");
@@ -286,13 +266,8 @@ mod tests {
 
     #[test]
     fn peer_info_roundtrip() {
-        let p = PeerInfo {
-            rank: 3,
-            host_id: u64::MAX,
-            pid: 42,
-            hostname: "a\tb".into(),
-            ip: "10.0.0.1".parse().unwrap(),
-        };
+        let p =
+            PeerInfo { rank: 3, host_id: u64::MAX, pid: 42, hostname: "a\tb".into(), ip: "10.0.0.1".parse().unwrap() };
         assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
         assert!(PeerInfo::decode(b"x\ty").is_err());
     }

@@ -30,27 +30,15 @@ pub struct WaitSource {
 impl WaitSource {
     /// Wait for `fd` to be readable.
     pub fn read(fd: RawFd) -> Self {
-        WaitSource {
-            fd,
-            interest: Interest::Read,
-            drain: false,
-        }
+        WaitSource { fd, interest: Interest::Read, drain: false }
     }
     /// Wait for `fd` to be writable.
     pub fn write(fd: RawFd) -> Self {
-        WaitSource {
-            fd,
-            interest: Interest::Write,
-            drain: false,
-        }
+        WaitSource { fd, interest: Interest::Write, drain: false }
     }
     /// Wait for a doorbell to be rung; drains it afterwards.
     pub fn doorbell(fd: RawFd) -> Self {
-        WaitSource {
-            fd,
-            interest: Interest::Read,
-            drain: true,
-        }
+        WaitSource { fd, interest: Interest::Read, drain: true }
     }
 }
 
@@ -66,11 +54,7 @@ pub fn wait_any(sources: &[WaitSource], timeout: Duration) -> Result<bool> {
         if let Some(p) = fds.iter_mut().find(|p| p.fd == s.fd) {
             p.events |= events;
         } else {
-            fds.push(libc::pollfd {
-                fd: s.fd,
-                events,
-                revents: 0,
-            });
+            fds.push(libc::pollfd { fd: s.fd, events, revents: 0 });
         }
     }
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
@@ -127,10 +111,7 @@ impl Doorbell {
         // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
         let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
         if r != 0 {
-            return Err(Error::system(
-                "pipe2 (doorbell)",
-                &std::io::Error::last_os_error(),
-            ));
+            return Err(Error::system("pipe2 (doorbell)", &std::io::Error::last_os_error()));
         }
         // SAFETY: pipe2 succeeded, so both fds are fresh descriptors that nothing else owns.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };

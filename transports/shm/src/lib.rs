@@ -17,8 +17,7 @@ mod segment;
 
 use oxccl_transport::wait::{ring_fd, Doorbell, WaitSource};
 use oxccl_transport::{
-    Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
-    HEADER_BYTES,
+    Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx, HEADER_BYTES,
 };
 use segment::*;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -37,10 +36,7 @@ pub struct ShmConfig {
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig {
-            slots: 4,
-            slot_bytes: 256 << 10,
-        }
+        ShmConfig { slots: 4, slot_bytes: 256 << 10 }
     }
 }
 
@@ -54,17 +50,13 @@ pub struct ShmTransport {
 impl ShmTransport {
     /// A transport for `ctx`'s rank.
     pub fn new(ctx: TransportCtx, cfg: ShmConfig) -> Result<Self> {
-        if cfg.slots < 2 || cfg.slots > MAX_SLOTS || cfg.slot_bytes == 0 || cfg.slot_bytes % 64 != 0 {
+        if !(2..=MAX_SLOTS).contains(&cfg.slots) || cfg.slot_bytes == 0 || cfg.slot_bytes % 64 != 0 {
             return Err(Error::invalid_argument(format!(
                 "shm ring geometry {} slots x {} bytes: slots must be 2..={MAX_SLOTS} (a fused receive-and-send step holds one slot while it needs another), bytes a non-zero multiple of 64",
                 cfg.slots, cfg.slot_bytes
             )));
         }
-        Ok(ShmTransport {
-            ctx,
-            cfg,
-            doorbell: Arc::new(Doorbell::new()?),
-        })
+        Ok(ShmTransport { ctx, cfg, doorbell: Arc::new(Doorbell::new()?) })
     }
 }
 
@@ -106,16 +98,7 @@ impl Transport for ShmTransport {
         ] {
             put_u64(&mut blob, x);
         }
-        Ok((
-            Box::new(PendingShm {
-                seg,
-                fd,
-                cfg: self.cfg,
-                doorbell: self.doorbell.clone(),
-                peer,
-            }),
-            blob,
-        ))
+        Ok((Box::new(PendingShm { seg, fd, cfg: self.cfg, doorbell: self.doorbell.clone(), peer }), blob))
     }
 
     fn connect_send(&self, peer: usize, blob: &[u8], _deadline: Instant) -> Result<Box<dyn SendConn>> {
@@ -125,7 +108,7 @@ impl Transport for ShmTransport {
         let slot_bytes = get_u64(blob, 3)? as usize;
         let peer_bell = get_u64(blob, 4)? as i32;
         let comm = get_u64(blob, 5)?;
-        if comm != self.ctx.comm_id || slots < 2 || slots > MAX_SLOTS || slot_bytes % 64 != 0 {
+        if comm != self.ctx.comm_id || !(2..=MAX_SLOTS).contains(&slots) || slot_bytes % 64 != 0 {
             return Err(Error::remote("shm setup blob does not match this communicator").with_peer(peer));
         }
         let cfg = ShmConfig { slots, slot_bytes };
@@ -134,18 +117,10 @@ impl Transport for ShmTransport {
             return Err(Error::remote("peer's shm segment has a bad magic").with_peer(peer));
         }
         let peer_doorbell = open_doorbell(pid, peer_bell).map_err(|e| e.with_peer(peer))?;
-        seg.u32_at(OFF_SENDER_PID)
-            .store(std::process::id(), Ordering::Relaxed);
-        seg.u32_at(OFF_SENDER_DOORBELL)
-            .store(self.doorbell.write_fd() as u32, Ordering::Relaxed);
+        seg.u32_at(OFF_SENDER_PID).store(std::process::id(), Ordering::Relaxed);
+        seg.u32_at(OFF_SENDER_DOORBELL).store(self.doorbell.write_fd() as u32, Ordering::Relaxed);
         seg.u32_at(OFF_ATTACHED).store(1, Ordering::Release);
-        Ok(Box::new(ShmSend {
-            seg,
-            cfg,
-            head: 0,
-            doorbell: self.doorbell.clone(),
-            peer_doorbell,
-        }))
+        Ok(Box::new(ShmSend { seg, cfg, head: 0, doorbell: self.doorbell.clone(), peer_doorbell }))
     }
 }
 
@@ -159,13 +134,7 @@ struct PendingShm {
 
 impl PendingRecv for PendingShm {
     fn accept(self: Box<Self>, deadline: Instant) -> Result<Box<dyn RecvConn>> {
-        let PendingShm {
-            seg,
-            fd,
-            cfg,
-            doorbell,
-            peer,
-        } = *self;
+        let PendingShm { seg, fd, cfg, doorbell, peer } = *self;
         while seg.u32_at(OFF_ATTACHED).load(Ordering::Acquire) == 0 {
             if Instant::now() >= deadline {
                 return Err(Error::timeout("the sender never attached to the shm ring").with_peer(peer));
@@ -178,14 +147,7 @@ impl PendingRecv for PendingShm {
         let pid = seg.u32_at(OFF_SENDER_PID).load(Ordering::Relaxed);
         let bell = seg.u32_at(OFF_SENDER_DOORBELL).load(Ordering::Relaxed) as i32;
         let peer_doorbell = open_doorbell(pid, bell).map_err(|e| e.with_peer(peer))?;
-        Ok(Box::new(ShmRecv {
-            seg,
-            cfg,
-            tail: 0,
-            doorbell,
-            peer_doorbell,
-            peer,
-        }))
+        Ok(Box::new(ShmRecv { seg, cfg, tail: 0, doorbell, peer_doorbell, peer }))
     }
 }
 
@@ -228,9 +190,7 @@ impl SendConn for ShmSend {
         }
         let slot = (self.head % self.cfg.slots as u64) as usize;
         let hb = header.encode();
-        self.seg
-            .bytes_mut(OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE, HEADER_BYTES)
-            .copy_from_slice(&hb);
+        self.seg.bytes_mut(OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE, HEADER_BYTES).copy_from_slice(&hb);
         self.head += 1;
         self.seg.u64_at(OFF_HEAD).store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
@@ -293,9 +253,7 @@ impl RecvConn for ShmRecv {
             return Ok(None);
         }
         let slot = (self.tail % self.cfg.slots as u64) as usize;
-        let hb = self
-            .seg
-            .bytes(OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE, HEADER_BYTES);
+        let hb = self.seg.bytes(OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE, HEADER_BYTES);
         let h = Header::decode(hb, self.cfg.slot_bytes).map_err(|e| e.with_peer(self.peer))?;
         let off = OFF_PAYLOAD + slot * self.cfg.slot_bytes;
         Ok(Some((h, self.seg.bytes(off, h.len as usize))))
@@ -315,9 +273,7 @@ impl RecvConn for ShmRecv {
     }
 
     fn arm(&mut self) -> Result<Option<WaitSource>> {
-        self.seg
-            .u32_at(OFF_RECEIVER_WAITING)
-            .store(1, Ordering::SeqCst);
+        self.seg.u32_at(OFF_RECEIVER_WAITING).store(1, Ordering::SeqCst);
         if self.has_data() || self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::SeqCst) != 0 {
             self.disarm();
             return Ok(None);
@@ -326,17 +282,13 @@ impl RecvConn for ShmRecv {
     }
 
     fn disarm(&mut self) {
-        self.seg
-            .u32_at(OFF_RECEIVER_WAITING)
-            .store(0, Ordering::Relaxed);
+        self.seg.u32_at(OFF_RECEIVER_WAITING).store(0, Ordering::Relaxed);
     }
 }
 
 impl Drop for ShmRecv {
     fn drop(&mut self) {
-        self.seg
-            .u32_at(OFF_RECEIVER_CLOSED)
-            .store(1, Ordering::SeqCst);
+        self.seg.u32_at(OFF_RECEIVER_CLOSED).store(1, Ordering::SeqCst);
         ring_fd(self.peer_doorbell.as_raw_fd());
     }
 }
@@ -346,21 +298,12 @@ mod tests {
     use super::*;
 
     fn ctx(rank: usize) -> TransportCtx {
-        TransportCtx {
-            rank,
-            nranks: 2,
-            comm_id: 9,
-            secret: [0; 32],
-            peers: vec![],
-        }
+        TransportCtx { rank, nranks: 2, comm_id: 9, secret: [0; 32], peers: vec![] }
     }
 
     #[test]
     fn ring_in_one_process_keeps_order_and_wraps() {
-        let cfg = ShmConfig {
-            slots: 2,
-            slot_bytes: 64,
-        };
+        let cfg = ShmConfig { slots: 2, slot_bytes: 64 };
         let a = ShmTransport::new(ctx(0), cfg).unwrap();
         let b = ShmTransport::new(ctx(1), cfg).unwrap();
         let (pending, blob) = b.setup_recv(0).unwrap();
@@ -372,12 +315,7 @@ mod tests {
             for i in 0..2u8 {
                 let slot = s.reserve().unwrap().expect("room");
                 slot[..3].copy_from_slice(&[round, i, 7]);
-                s.commit(Header {
-                    len: 3,
-                    step: i as u32,
-                    ..Default::default()
-                })
-                .unwrap();
+                s.commit(Header { len: 3, step: i as u32, ..Default::default() }).unwrap();
             }
             assert!(s.reserve().unwrap().is_none(), "full after 2 slots");
             assert!(s.arm().unwrap().is_some());

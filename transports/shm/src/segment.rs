@@ -46,10 +46,7 @@ impl Segment {
         // SAFETY: `name` is a valid NUL-terminated string.
         let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
-            return Err(Error::system(
-                "memfd_create for a shared-memory ring",
-                &std::io::Error::last_os_error(),
-            ));
+            return Err(Error::system("memfd_create for a shared-memory ring", &std::io::Error::last_os_error()));
         }
         // SAFETY: memfd_create returned a fresh fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -80,14 +77,9 @@ impl Segment {
                     &e,
                 )
             })?;
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::system("stat of a shared-memory segment", &e))?;
+        let meta = file.metadata().map_err(|e| Error::system("stat of a shared-memory segment", &e))?;
         if (meta.len() as usize) < len {
-            return Err(Error::remote(format!(
-                "peer's shared-memory segment is {} bytes, expected {len}",
-                meta.len()
-            )));
+            return Err(Error::remote(format!("peer's shared-memory segment is {} bytes, expected {len}", meta.len())));
         }
         Self::map(file.as_raw_fd(), len)
     }
@@ -110,10 +102,7 @@ impl Segment {
                 &std::io::Error::last_os_error(),
             ));
         }
-        Ok(Segment {
-            ptr: p.cast(),
-            len,
-        })
+        Ok(Segment { ptr: p.cast(), len })
     }
 
     /// A u64 atomic at `off` (8-aligned, inside the header page).

@@ -19,8 +19,8 @@ pub mod netif;
 
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::{
-    proof, random_bytes, verify_proof, Error, Header, PeerInfo, PendingRecv, RecvConn, Result,
-    SendConn, Transport, TransportCtx, HEADER_BYTES,
+    proof, random_bytes, verify_proof, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport,
+    TransportCtx, HEADER_BYTES,
 };
 use std::collections::HashMap;
 use std::io::{ErrorKind as IoKind, Read, Write};
@@ -46,10 +46,7 @@ pub struct TcpConfig {
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig {
-            slots: 4,
-            slot_bytes: 256 << 10,
-        }
+        TcpConfig { slots: 4, slot_bytes: 256 << 10 }
     }
 }
 
@@ -65,12 +62,7 @@ impl TcpTransport {
     /// A transport that listens on `ip` (the selected interface's address).
     pub fn new(ctx: TransportCtx, mut cfg: TcpConfig, ip: IpAddr) -> Self {
         cfg.slots = cfg.slots.max(2);
-        TcpTransport {
-            ctx,
-            cfg,
-            ip,
-            acceptor: Mutex::new(None),
-        }
+        TcpTransport { ctx, cfg, ip, acceptor: Mutex::new(None) }
     }
 
     fn acceptor(&self) -> Result<Arc<Mutex<Acceptor>>> {
@@ -78,11 +70,7 @@ impl TcpTransport {
         if let Some(a) = &*g {
             return Ok(a.clone());
         }
-        let a = Arc::new(Mutex::new(Acceptor::bind(
-            self.ip,
-            self.ctx.secret,
-            self.ctx.comm_id,
-        )?));
+        let a = Arc::new(Mutex::new(Acceptor::bind(self.ip, self.ctx.secret, self.ctx.comm_id)?));
         *g = Some(a.clone());
         Ok(a)
     }
@@ -109,26 +97,15 @@ pub struct Acceptor {
 impl Acceptor {
     /// Listen on an ephemeral port of `ip`.
     pub fn bind(ip: IpAddr, secret: [u8; 32], comm: u64) -> Result<Acceptor> {
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| Error::system(format!("listening on {ip}"), &e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::system("set_nonblocking", &e))?;
-        Ok(Acceptor {
-            listener,
-            secret,
-            comm,
-            pending: Vec::new(),
-            ready: HashMap::new(),
-            dropped: 0,
-        })
+        let listener =
+            TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::system(format!("listening on {ip}"), &e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::system("set_nonblocking", &e))?;
+        Ok(Acceptor { listener, secret, comm, pending: Vec::new(), ready: HashMap::new(), dropped: 0 })
     }
 
     /// The listening address.
     pub fn addr(&self) -> Result<SocketAddr> {
-        self.listener
-            .local_addr()
-            .map_err(|e| Error::system("local_addr", &e))
+        self.listener.local_addr().map_err(|e| Error::system("local_addr", &e))
     }
 
     /// Make progress without blocking: accept new sockets, read hellos, drop strangers.
@@ -137,8 +114,7 @@ impl Acceptor {
             match self.listener.accept() {
                 Ok((s, _)) => {
                     let _ = s.set_nonblocking(true);
-                    self.pending
-                        .push((s, Vec::with_capacity(HELLO_BYTES), Instant::now() + HELLO_TIMEOUT));
+                    self.pending.push((s, Vec::with_capacity(HELLO_BYTES), Instant::now() + HELLO_TIMEOUT));
                 }
                 Err(e) if e.kind() == IoKind::WouldBlock => break,
                 Err(e) if e.kind() == IoKind::Interrupted || e.kind() == IoKind::ConnectionAborted => {}
@@ -277,15 +253,7 @@ impl Transport for TcpTransport {
         blob.extend_from_slice(&addr.port().to_le_bytes());
         blob.extend_from_slice(&token);
         blob.extend_from_slice(&(self.cfg.slot_bytes as u64).to_le_bytes());
-        Ok((
-            Box::new(PendingTcp {
-                acc,
-                token,
-                peer,
-                max: self.cfg.slot_bytes,
-            }),
-            blob,
-        ))
+        Ok((Box::new(PendingTcp { acc, token, peer, max: self.cfg.slot_bytes }), blob))
     }
 
     fn connect_send(&self, peer: usize, blob: &[u8], deadline: Instant) -> Result<Box<dyn SendConn>> {
@@ -309,14 +277,8 @@ impl Transport for TcpTransport {
             ))
             .with_peer(peer));
         }
-        let s = connect_with_hello(
-            SocketAddr::new(ip, port),
-            &self.ctx.secret,
-            self.ctx.comm_id,
-            &token,
-            deadline,
-        )
-        .map_err(|e| e.with_peer(peer))?;
+        let s = connect_with_hello(SocketAddr::new(ip, port), &self.ctx.secret, self.ctx.comm_id, &token, deadline)
+            .map_err(|e| e.with_peer(peer))?;
         configure(&s)?;
         Ok(Box::new(TcpSend::new(s, self.cfg, peer)))
     }
@@ -367,9 +329,7 @@ impl TcpSend {
             s,
             peer,
             slot_bytes: cfg.slot_bytes,
-            bufs: (0..cfg.slots)
-                .map(|_| vec![0u8; HEADER_BYTES + cfg.slot_bytes])
-                .collect(),
+            bufs: (0..cfg.slots).map(|_| vec![0u8; HEADER_BYTES + cfg.slot_bytes]).collect(),
             lens: vec![0; cfg.slots],
             head: 0,
             flushed: 0,
@@ -462,15 +422,7 @@ struct TcpRecv {
 
 impl TcpRecv {
     fn new(s: TcpStream, max: usize, peer: usize) -> Self {
-        TcpRecv {
-            s,
-            peer,
-            max,
-            buf: vec![0u8; 2 * (HEADER_BYTES + max)],
-            start: 0,
-            end: 0,
-            eof: false,
-        }
+        TcpRecv { s, peer, max, buf: vec![0u8; 2 * (HEADER_BYTES + max)], start: 0, end: 0, eof: false }
     }
 
     /// Length of the complete frame at `start`, if there is one.
@@ -479,8 +431,7 @@ impl TcpRecv {
         if have < HEADER_BYTES {
             return Ok(None);
         }
-        let h = Header::decode(&self.buf[self.start..self.end], self.max)
-            .map_err(|e| e.with_peer(self.peer))?;
+        let h = Header::decode(&self.buf[self.start..self.end], self.max).map_err(|e| e.with_peer(self.peer))?;
         let need = HEADER_BYTES + h.len as usize;
         Ok((have >= need).then_some((h, need)))
     }
@@ -534,9 +485,7 @@ impl RecvConn for TcpRecv {
     }
 
     fn consume(&mut self) -> Result<()> {
-        let (_, need) = self
-            .complete()?
-            .ok_or_else(|| Error::internal("tcp consume without a frame"))?;
+        let (_, need) = self.complete()?.ok_or_else(|| Error::internal("tcp consume without a frame"))?;
         self.start += need;
         if self.start == self.end {
             self.start = 0;
@@ -560,13 +509,7 @@ mod tests {
     use super::*;
 
     fn ctx(secret: u8) -> TransportCtx {
-        TransportCtx {
-            rank: 0,
-            nranks: 2,
-            comm_id: 5,
-            secret: [secret; 32],
-            peers: vec![],
-        }
+        TransportCtx { rank: 0, nranks: 2, comm_id: 5, secret: [secret; 32], peers: vec![] }
     }
 
     fn lo() -> IpAddr {
@@ -575,10 +518,7 @@ mod tests {
 
     #[test]
     fn frames_flow_in_order_across_wraps() {
-        let cfg = TcpConfig {
-            slots: 2,
-            slot_bytes: 1000,
-        };
+        let cfg = TcpConfig { slots: 2, slot_bytes: 1000 };
         let a = TcpTransport::new(ctx(1), cfg, lo());
         let b = TcpTransport::new(ctx(1), cfg, lo());
         let (p, blob) = b.setup_recv(0).unwrap();
@@ -592,12 +532,7 @@ mod tests {
                 if let Some(slot) = s.reserve().unwrap() {
                     let len = (sent * 19 % 1000) as usize;
                     slot[..len].fill(sent as u8);
-                    s.commit(Header {
-                        len: len as u32,
-                        step: sent,
-                        ..Default::default()
-                    })
-                    .unwrap();
+                    s.commit(Header { len: len as u32, step: sent, ..Default::default() }).unwrap();
                     sent += 1;
                 }
             }

@@ -30,26 +30,12 @@ impl IfSpec {
         if exact {
             s = &s[1..];
         }
-        IfSpec {
-            exclude,
-            exact,
-            names: s
-                .split(',')
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect(),
-        }
+        IfSpec { exclude, exact, names: s.split(',').map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect() }
     }
 
     /// Whether interface `name` is selected by this spec.
     pub fn matches(&self, name: &str) -> bool {
-        let hit = self.names.iter().any(|n| {
-            if self.exact {
-                name == n
-            } else {
-                name.starts_with(n.as_str())
-            }
-        });
+        let hit = self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) });
         hit != self.exclude
     }
 }
@@ -66,8 +52,7 @@ pub struct Iface {
 /// All up interfaces with a usable address (IPv4 first, IPv6 link-local skipped), in system order.
 pub fn interfaces() -> Result<Vec<Iface>> {
     use nix::net::if_::InterfaceFlags;
-    let addrs = nix::ifaddrs::getifaddrs()
-        .map_err(|e| Error::system("getifaddrs", &std::io::Error::from(e)))?;
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::system("getifaddrs", &std::io::Error::from(e)))?;
     let mut v4 = Vec::new();
     let mut v6 = Vec::new();
     for a in addrs {
@@ -76,19 +61,13 @@ pub fn interfaces() -> Result<Vec<Iface>> {
         }
         let Some(addr) = a.address else { continue };
         if let Some(sin) = addr.as_sockaddr_in() {
-            v4.push(Iface {
-                name: a.interface_name.clone(),
-                ip: IpAddr::V4(sin.ip()),
-            });
+            v4.push(Iface { name: a.interface_name.clone(), ip: IpAddr::V4(sin.ip()) });
         } else if let Some(sin6) = addr.as_sockaddr_in6() {
             let ip = sin6.ip();
             if (ip.segments()[0] & 0xffc0) == 0xfe80 {
                 continue; // link-local needs a scope id; never pick it
             }
-            v6.push(Iface {
-                name: a.interface_name.clone(),
-                ip: IpAddr::V6(ip),
-            });
+            v6.push(Iface { name: a.interface_name.clone(), ip: IpAddr::V6(ip) });
         }
     }
     v4.extend(v6);
@@ -139,10 +118,7 @@ mod tests {
             ("ib0", "10.1.0.2"),
         ]
         .iter()
-        .map(|(n, a)| Iface {
-            name: n.to_string(),
-            ip: a.parse().unwrap(),
-        })
+        .map(|(n, a)| Iface { name: n.to_string(), ip: a.parse().unwrap() })
         .collect()
     }
 
