@@ -43,8 +43,12 @@ impl UniqueId {
     /// builds on the id owns the store and stops it when destroyed; if none does, it lives as long
     /// as the process.
     pub fn new() -> Result<UniqueId> {
+        Self::with_config(&Config::default())
+    }
+
+    /// [`UniqueId::new`], choosing the store's interface from `cfg.socket_ifname`.
+    pub fn with_config(cfg: &Config) -> Result<UniqueId> {
         crate::config::init_logging();
-        let cfg = Config::default();
         let ip = choose_ip(cfg.socket_ifname.as_deref(), None)?;
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| Error::system(format!("binding the bootstrap store on {ip}"), &e))?;

@@ -130,10 +130,15 @@ impl Communicator {
         Self::from_env_with_config(Config::default())
     }
 
-    /// [`Communicator::from_env`] with explicit settings.
+    /// [`Communicator::from_env`] with explicit settings. If `OXCCL_UNIQUE_ID` holds a unique id
+    /// (hex), it is used instead of `MASTER_ADDR`/`MASTER_PORT`.
     pub fn from_env_with_config(cfg: Config) -> Result<Communicator> {
         let (rank, nranks, _) = bootstrap::env_rank_size()?;
         check_rank(nranks, rank)?;
+        if let Some(hex) = crate::config::env_any(&["OXCCL_UNIQUE_ID"]) {
+            let id = UniqueId::from_hex(&hex).map_err(|e| e.with_rank(rank))?;
+            return Self::init_with_config(&id, nranks, rank, cfg);
+        }
         let rdv = bootstrap::from_env(rank, &cfg).map_err(|e| e.with_rank(rank))?;
         Self::join(rdv, nranks, rank, cfg)
     }

@@ -26,16 +26,6 @@ fn with_typed_mut<T: Element>(b: &mut [u8], f: impl FnOnce(&mut [T])) {
     }
 }
 
-#[inline(always)]
-fn binop<T: Element>(op: ReduceOp) -> fn(T, T) -> T {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => T::add,
-        ReduceOp::Prod => T::mul,
-        ReduceOp::Min => T::min,
-        ReduceOp::Max => T::max,
-    }
-}
-
 fn scalar<T: Element>(op: ReduceOp) -> Option<T> {
     match op {
         ReduceOp::PreMulSum(b) => Some(bytemuck::pod_read_unaligned(&b[..std::mem::size_of::<T>()])),
@@ -44,6 +34,54 @@ fn scalar<T: Element>(op: ReduceOp) -> Option<T> {
 }
 
 #[inline(always)]
+fn zip2<T: Copy, F: Fn(T, T) -> T>(out: &mut [T], a: &[T], b: &[T], f: F) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+#[inline(always)]
+fn zip1<T: Copy, F: Fn(T, T) -> T>(out: &mut [T], a: &[T], f: F) {
+    for (o, &x) in out.iter_mut().zip(a) {
+        *o = f(x, *o);
+    }
+}
+
+/// Apply `$body` with `$f` bound to the op's function as a concrete closure, so each loop is
+/// monomorphised per op and can be inlined and vectorised.
+macro_rules! with_op {
+    ($op:expr, $s:expr, $f:ident => $body:expr) => {
+        match ($op, $s) {
+            (_, Some(s)) => {
+                let $f = |x: T, y: T| T::add(x, T::mul(s, y));
+                $body
+            }
+            (ReduceOp::Prod, None) => {
+                let $f = T::mul;
+                $body
+            }
+            (ReduceOp::Min, None) => {
+                let $f = T::min;
+                $body
+            }
+            (ReduceOp::Max, None) => {
+                let $f = T::max;
+                $body
+            }
+            _ => {
+                let $f = T::add;
+                $body
+            }
+        }
+    };
+}
+
+/// The kernel, compiled for several instruction sets and dispatched at run time.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma+f16c",
+    "x86_64+avx2+fma+f16c",
+    "aarch64+neon"
+))]
 fn kernel<T: Element>(
     op: ReduceOp,
     out: &mut [T],
@@ -52,52 +90,32 @@ fn kernel<T: Element>(
     src_is_out: bool,
     post: Option<usize>,
 ) {
-    let f = binop::<T>(op);
     let s = scalar::<T>(op);
     let n = out.len();
-    match (recv, src_is_out, src, s) {
-        // out = recv op src
-        (Some(r), false, Some(x), None) => {
-            let (r, x) = (&r[..n], &x[..n]);
-            for i in 0..n {
-                out[i] = f(r[i], x[i]);
-            }
-        }
-        (Some(r), false, Some(x), Some(s)) => {
-            let (r, x) = (&r[..n], &x[..n]);
-            for i in 0..n {
-                out[i] = T::add(r[i], T::mul(s, x[i]));
-            }
-        }
-        // out = recv op out
-        (Some(r), true, _, None) => {
-            let r = &r[..n];
-            for i in 0..n {
-                out[i] = f(r[i], out[i]);
-            }
-        }
-        (Some(r), true, _, Some(s)) => {
-            let r = &r[..n];
-            for i in 0..n {
-                out[i] = T::add(r[i], T::mul(s, out[i]));
-            }
-        }
+    match (recv, src_is_out, src) {
+        // out = recv op pre(src)   (pre(src) = s * src for a pre-multiplied sum)
+        (Some(r), false, Some(x)) => with_op!(op, s, f => zip2(out, &r[..n], &x[..n], f)),
+        // out = recv op pre(out)
+        (Some(r), true, _) => with_op!(op, s, f => zip1(out, &r[..n], f)),
         // out = recv
-        (Some(r), false, None, _) => out.copy_from_slice(&r[..n]),
+        (Some(r), false, None) => out.copy_from_slice(&r[..n]),
         // out = pre(src)
-        (None, false, Some(x), None) => out.copy_from_slice(&x[..n]),
-        (None, false, Some(x), Some(s)) => {
-            let x = &x[..n];
-            for i in 0..n {
-                out[i] = T::mul(s, x[i]);
+        (None, false, Some(x)) => match s {
+            Some(s) => {
+                for (o, &v) in out.iter_mut().zip(&x[..n]) {
+                    *o = T::mul(s, v);
+                }
+            }
+            None => out.copy_from_slice(&x[..n]),
+        },
+        (None, true, _) => {
+            if let Some(s) = s {
+                for v in out.iter_mut() {
+                    *v = T::mul(s, *v);
+                }
             }
         }
-        (None, true, _, Some(s)) => {
-            for v in out.iter_mut() {
-                *v = T::mul(s, *v);
-            }
-        }
-        (None, true, _, None) | (None, false, None, _) => {}
+        (None, false, None) => {}
     }
     if let Some(count) = post {
         for v in out.iter_mut() {

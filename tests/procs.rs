@@ -85,7 +85,7 @@ fn idle_and_waiting_ranks_do_not_spin() {
     }
     let _g = lock();
     let n = 8;
-    let id = UniqueId::new().unwrap();
+    let id = UniqueId::with_config(&oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() }).unwrap();
     let mut kids = spawn(T, n, &id, &[]);
     for k in &mut kids {
         wait_line(k, "READY");
@@ -138,7 +138,7 @@ fn nothing_leaks_after_kill_9_mid_collective() {
     }
     let _g = lock();
     let shm_before = dev_shm();
-    let id = UniqueId::new().unwrap();
+    let id = UniqueId::with_config(&oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() }).unwrap();
     let mut kids = spawn(T, 4, &id, &[("OXCCL_HOSTID", "same")]);
     for k in &mut kids {
         wait_line(k, "READY");

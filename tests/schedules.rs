@@ -74,6 +74,21 @@ fn symbolic_every_rank_count_size_and_root() {
 }
 
 #[test]
+fn symbolic_large_counts() {
+    for n in [2, 3, 7, 16] {
+        for coll in COLLS {
+            let count =
+                if matches!(coll, Coll::AllReduce | Coll::Broadcast | Coll::Reduce) { 1_000_003 } else { 65_537 };
+            let case =
+                Case { coll, nranks: n, count, root: n - 1, chunk: 65_536, inplace: false, avg: false, depth: 2 };
+            if let Err(e) = check_symbolic(&case) {
+                panic!("{case:?}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
 fn numeric_every_type_and_op_through_the_executor_step() {
     for n in [1, 2, 3, 4, 5, 8] {
         for coll in COLLS {

@@ -123,3 +123,27 @@ fn env_launch_with_each_launchers_variables() {
         }
     }
 }
+
+/// `OXCCL_UNIQUE_ID` with RANK/WORLD_SIZE: the id replaces MASTER_ADDR/MASTER_PORT.
+#[test]
+fn unique_id_from_the_environment() {
+    let id = oxccl::UniqueId::with_config(&oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() })
+        .unwrap();
+    let kids: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+                .args(["-b", "8", "-e", "1K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("OXCCL_UNIQUE_ID", id.to_hex())
+                .env_remove("MASTER_ADDR")
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for k in kids {
+        assert!(k.wait_with_output().unwrap().status.success());
+    }
+}
