@@ -37,6 +37,7 @@ struct Opts {
     np: Option<usize>,
     hosts: usize,
     netns: Vec<String>,
+    list: Vec<usize>,
 }
 
 const ALL_COLLS: [&str; 9] =
@@ -57,7 +58,7 @@ fn usage() -> String {
     "usage: oxccl-perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n\
      \x20                 [-o sum|prod|min|max|avg|premulsum|all] [-d TYPE|all] [-r ROOT|all]\n\
      \x20                 [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|all]\n\
-     \x20                 [--np N] [--hosts H] [--netns NS1,NS2,...]"
+     \x20                 [-s SIZE,SIZE,...] [--np N] [--hosts H] [--netns NS1,NS2,...]"
         .into()
 }
 
@@ -77,6 +78,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         np: None,
         hosts: 1,
         netns: vec![],
+        list: vec![],
     };
     let mut i = 0;
     while i < args.len() {
@@ -135,6 +137,12 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                         );
                     }
                     cs
+                }
+            }
+            "-s" | "--sizes" => {
+                o.list = val()?.split(',').map(parse_size).collect::<Result<Vec<_>, _>>()?;
+                if o.list.is_empty() {
+                    return Err("empty -s list".into());
                 }
             }
             "--np" => o.np = Some(val()?.parse().map_err(|_| "bad --np")?),
@@ -310,6 +318,9 @@ fn combine_ranks(c: &Communicator, us: f64, wrong: usize) -> oxccl::Result<(f64,
 }
 
 fn sizes(o: &Opts) -> Vec<usize> {
+    if !o.list.is_empty() {
+        return o.list.clone();
+    }
     let mut v = vec![];
     let mut s = o.min;
     while s <= o.max {
@@ -591,6 +602,7 @@ mod tests {
         assert!(p("--coll nope").is_err());
         assert!(p("-b 2K -e 1K").is_err());
         assert_eq!(p("--coll=broadcast,reduce -r all").unwrap().colls, vec!["broadcast", "reduce"]);
+        assert_eq!(sizes(&p("-s 8,4K,1M").unwrap()), vec![8, 4096, 1 << 20]);
     }
 
     #[test]

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# compare.sh - oxccl-perf against Open MPI, MPICH, Gloo and the ideal shm probe, side by side on
+# this machine, interleaved (every config once per round, REPS rounds), then bench/report.py
+# writes bench/RESULTS.md and the SVG charts from the medians.
+# Usage: bench/compare.sh [REPS=5] [SETS="shm tcp"]      (root: installs Open MPI/MPICH, uses netns)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+SHARED="${OXCCL_SHARED:-$ROOT/../shared}"
+A="$SHARED/anchors"
+OUT="${OUT:-${TMPDIR:-/tmp}/oxccl-compare}"
+REPS="${1:-5}"
+SETS="${2:-shm tcp}"
+SIZES="${SIZES:-8,4K,64K,1M,16M,64M,256M}"
+mkdir -p "$OUT"; rm -f "$OUT"/*.txt
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+(cd "$ROOT" && cargo build --release -q -p oxccl-bench)
+PERF="$ROOT/target/release/oxccl-perf"
+command -v mpicc.openmpi >/dev/null || apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+command -v mpicc.mpich >/dev/null || apt-get install -y -qq mpich libmpich-dev >/dev/null
+command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null
+mpicc.openmpi -O2 "$A/mpi_allreduce_bench.c" -o "$OUT/mpi_bench"
+mpicc.mpich -O2 "$A/mpi_allreduce_bench.c" -o "$OUT/mpi_bench.mpich"
+gcc -O3 -march=native "$A/ideal_shm_allreduce.c" -o "$OUT/ideal"
+gcc -O3 -march=native -pthread "$A/membw.c" -o "$OUT/membw"
+VENV="${OXCCL_VENV:-$HOME/.cache/oxccl-venv}"
+if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  python3 -m venv "$VENV" && "$VENV/bin/pip" install -q torch numpy
+fi
+PY="$VENV/bin/python"
+MPIRUN="mpirun.openmpi --mca pml ob1"
+NETNS_UP=0
+cleanup() { [ "$NETNS_UP" = 1 ] && "$SHARED/netns/netns_down.sh" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+mpi_netns() { # n: an MPMD command line with one rank per namespace host
+  local n="$1" parts=() i
+  for i in $(seq 1 "$n"); do
+    parts+=("-np 1 ip netns exec cclt-h$i $OUT/mpi_bench -s $SIZES")
+    [ "$i" -lt "$n" ] && parts+=(":")
+  done
+  echo "${parts[*]}"
+}
+hosts() { local n="$1" i s=""; for i in $(seq 1 "$n"); do s="$s${s:+,}cclt-h$i"; done; echo "$s"; }
+
+run() { # config name -> one run
+  local cfg="$1" n="${1##*-}"
+  case "$cfg" in
+    oxccl-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" -s "$SIZES" -n 20 -w 3 ;;
+    oxccl-ag-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll allgather -s "$SIZES" -n 20 -w 3 ;;
+    oxccl-rs-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll reducescatter -s "$SIZES" -n 20 -w 3 ;;
+    oxccl-bc-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll broadcast -s "$SIZES" -n 20 -w 3 ;;
+    ompi-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_bench" -s "$SIZES" ;;
+    mpich-shm-*) mpirun.mpich -np "$n" "$OUT/mpi_bench.mpich" -s "$SIZES" ;;
+    gloo-lo-*) "$PY" "$A/gloo_allreduce_bench.py" --nproc "$n" --sizes "$SIZES" ;;
+    ideal-shm-2) "$OUT/ideal" 256 ;;
+    oxccl-tcp-*) OXCCL_SOCKET_IFNAME=cclt-br0 "$PERF" --np "$n" --netns "$(hosts "$n")" -s "$SIZES" -n 10 -w 2 ;;
+    ompi-tcp-*)
+      # shellcheck disable=SC2046
+      PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=cclt-br0 \
+      $MPIRUN -x PMIX_MCA_ptl_tcp_remote_connections -x PMIX_MCA_ptl_tcp_if_include \
+        --mca btl tcp,self --mca btl_tcp_if_include 10.213.0.0/24 --oversubscribe $(mpi_netns "$n") ;;
+    gloo-tcp-*) "$PY" "$A/gloo_allreduce_bench.py" --nproc "$n" --sizes "$SIZES" --netns ;;
+    iperf-tcp-2)
+      ip netns exec cclt-h2 iperf3 -s -1 -B 10.213.0.2 >/dev/null 2>&1 & sleep 0.3
+      ip netns exec cclt-h1 iperf3 -c 10.213.0.2 -t 3 | grep receiver; wait ;;
+    membw) "$OUT/membw" 256 5 ;;
+    *) echo "unknown config $cfg" >&2; return 2 ;;
+  esac
+}
+
+CONFIGS=""
+for s in $SETS; do
+  case "$s" in
+    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 oxccl-rs-shm-2 oxccl-bc-shm-2 oxccl-shm-4 ompi-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8" ;;
+    tcp) CONFIGS="$CONFIGS iperf-tcp-2 oxccl-tcp-2 ompi-tcp-2 gloo-tcp-2 oxccl-tcp-4 ompi-tcp-4 gloo-tcp-4"
+         "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1 ;;
+  esac
+done
+for rep in $(seq 1 "$REPS"); do
+  for cfg in $CONFIGS; do
+    echo "== round $rep $cfg"
+    run "$cfg" > "$OUT/$cfg.run$rep.txt" 2>&1 || echo "   ($cfg failed, see $OUT/$cfg.run$rep.txt)"
+  done
+done
+{ echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+  echo "- kernel $(uname -r), $(grep MemTotal /proc/meminfo | awk '{printf "%.0f GiB", $2/1048576}') memory"
+  echo "- $(mpirun.openmpi --version 2>/dev/null | head -1); $(mpirun.mpich --version 2>/dev/null | grep -m1 Version | xargs); torch $("$PY" -c 'import torch; print(torch.__version__)')"
+  echo "- date $(date -u +%F), $REPS interleaved rounds"; } > "$OUT/machine.txt"
+python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/bench"

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""report.py OUT_DIR BENCH_DIR - turn bench/compare.sh runs into bench/RESULTS.md and SVG charts.
+
+Each OUT_DIR/<config>.run<N>.txt is one run. Data lines of oxccl-perf, mpi_allreduce_bench and
+gloo_allreduce_bench share the nccl-tests columns (size count type redop X time_us algbw busbw ...);
+the ideal probe prints "<size> B median <t> us busbw <x> GB/s"; iperf3 a receiver line; membw its
+table. Medians are taken per config and size across rounds; ratios compare medians of one run of
+the script (interleaved rounds), never numbers from different runs.
+"""
+import glob
+import os
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+
+
+def human(n):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def parse(out):
+    data = defaultdict(lambda: defaultdict(list))  # cfg -> size -> [(time_us, busbw)]
+    extra = defaultdict(list)  # cfg -> [floats] (iperf Gbit/s, membw memcpy GB/s)
+    for path in glob.glob(os.path.join(out, "*.run*.txt")):
+        cfg = re.sub(r"\.run\d+\.txt$", "", os.path.basename(path))
+        for line in open(path, errors="replace"):
+            p = line.split()
+            m = re.match(r"\s*(\d+) B\s+median\s+([\d.]+) us\s+busbw\s+([\d.]+) GB/s", line)
+            if m:
+                data[cfg][int(m.group(1))].append((float(m.group(2)), float(m.group(3))))
+            elif len(p) >= 8 and p[0].isdigit() and p[2] in ("float", "float32"):
+                try:
+                    data[cfg][int(p[0])].append((float(p[5]), float(p[7])))
+                except ValueError:
+                    pass
+            elif "receiver" in line:
+                m = re.search(r"([\d.]+) (G|M)bits/sec", line)
+                if m:
+                    extra[cfg].append(float(m.group(1)) / (1000 if m.group(2) == "M" else 1))
+            elif len(p) >= 5 and p[0] == "memcpy" and p[1] == "1":
+                extra["memcpy1"].append(float(p[3]))
+    return data, extra
+
+
+def med(data, cfg, size, idx):
+    rows = data.get(cfg, {}).get(size)
+    return statistics.median(r[idx] for r in rows) if rows else None
+
+
+def fmt(x, unit=""):
+    return "–" if x is None else (f"{x:.2f}{unit}" if x < 100 else f"{x:.0f}{unit}")
+
+
+def ratio(a, b):
+    return "–" if a is None or b is None or b == 0 else f"{a / b:.2f}×"
+
+
+def table(data, n, kind, peers):
+    """Rows per size: oxccl busbw (or 8 B latency) and each peer, plus ratios."""
+    ox = f"oxccl-{kind}-{n}"
+    head = ["size", f"oxccl {kind}"] + [p for p, _ in peers] + [f"oxccl / {p}" for p, _ in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in SIZES:
+        if s == 8:
+            vals = [med(data, ox, s, 0)] + [med(data, c, s, 0) for _, c in peers]
+            # latency: lower is better, so the ratio is peer / oxccl
+            rs = [ratio(v, vals[0]) for v in vals[1:]]
+            cells = [f"8 B latency (µs)"] + [fmt(v) for v in vals] + [r + " faster" if r != "–" else r for r in rs]
+        else:
+            vals = [med(data, ox, s, 1)] + [med(data, c, s, 1) for _, c in peers]
+            cells = [human(s) + " busbw (GB/s)"] + [fmt(v) for v in vals] + [ratio(vals[0], v) for v in vals[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def svg(data, series, title, path):
+    import math
+    W, H, L, B = 720, 420, 70, 50
+    pts = {name: [(s, med(data, cfg, s, 1)) for s in SIZES if s > 8 and med(data, cfg, s, 1)] for name, cfg in series}
+    ymax = max([v for p in pts.values() for _, v in p] + [1.0])
+    xs = [math.log2(s) for s in SIZES if s > 8]
+    x0, x1 = min(xs), max(xs)
+    X = lambda s: L + (math.log2(s) - x0) / (x1 - x0) * (W - L - 20)
+    Y = lambda v: H - B - v / ymax * (H - B - 40)
+    colors = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#7f7f7f"]
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+         f'<rect width="{W}" height="{H}" fill="white"/>',
+         f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+         f'<line x1="{L}" y1="{H - B}" x2="{W - 20}" y2="{H - B}" stroke="black"/>',
+         f'<line x1="{L}" y1="{H - B}" x2="{L}" y2="30" stroke="black"/>',
+         f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle">message size</text>',
+         f'<text x="15" y="{H / 2}" transform="rotate(-90 15 {H / 2})" text-anchor="middle">busbw (GB/s, median)</text>']
+    for s in SIZES[1:]:
+        o.append(f'<text x="{X(s):.1f}" y="{H - B + 16}" text-anchor="middle">{human(s)}</text>')
+    for i in range(6):
+        v = ymax * i / 5
+        o.append(f'<text x="{L - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
+        o.append(f'<line x1="{L}" y1="{Y(v):.1f}" x2="{W - 20}" y2="{Y(v):.1f}" stroke="#ddd"/>')
+    for i, (name, p) in enumerate(pts.items()):
+        if not p:
+            continue
+        c = colors[i % len(colors)]
+        o.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="' + " ".join(f"{X(s):.1f},{Y(v):.1f}" for s, v in p) + '"/>')
+        o.append(f'<text x="{L + 10}" y="{40 + 16 * i}" fill="{c}">{name}</text>')
+    o.append("</svg>")
+    open(path, "w").write("\n".join(o))
+
+
+def main():
+    out, bench = sys.argv[1], sys.argv[2]
+    data, extra = parse(out)
+    rounds = max((len(v) for d in data.values() for v in d.values()), default=0)
+    machine = open(os.path.join(out, "machine.txt")).read() if os.path.exists(os.path.join(out, "machine.txt")) else ""
+    md = ["# Benchmark results", "",
+          "Produced by `bench/compare.sh` (then `bench/report.py`): oxccl-perf and the peers' anchors from",
+          "`../shared/anchors/`, run interleaved in the same session (every configuration once per round),",
+          f"{rounds} rounds; cells are medians; float32 sum allreduce unless named; ratios are oxccl over the",
+          "peer (for 8 B latency: the peer's time over oxccl's). Numbers from different runs of the script",
+          "are never mixed. Machine:", "", machine]
+    if extra.get("memcpy1"):
+        md.append(f"memcpy bandwidth (1 thread, 256 MiB, read+write counted): median {statistics.median(extra['memcpy1']):.1f} GB/s\n")
+    if data.get("oxccl-shm-2"):
+        md += ["## Shared memory, 2 ranks", "",
+               table(data, 2, "shm", [("Open MPI", "ompi-shm-2"), ("MPICH", "mpich-shm-2"), ("Gloo", "gloo-lo-2"), ("ideal probe", "ideal-shm-2")]), "",
+               "![shm 2 ranks](shm2.svg)", ""]
+        svg(data, [("oxccl", "oxccl-shm-2"), ("ideal probe", "ideal-shm-2"), ("Open MPI", "ompi-shm-2"), ("MPICH", "mpich-shm-2"), ("Gloo", "gloo-lo-2")], "allreduce busbw, 2 ranks, shared memory", os.path.join(bench, "shm2.svg"))
+        md += ["### Other collectives, 2 ranks (busbw GB/s; goal: within 10% of allreduce)", "",
+               "| size | allreduce | allgather | reducescatter | broadcast |", "|---|---|---|---|---|"]
+        for s in SIZES[1:]:
+            md.append(f"| {human(s)} | " + " | ".join(fmt(med(data, c, s, 1)) for c in ["oxccl-shm-2", "oxccl-ag-shm-2", "oxccl-rs-shm-2", "oxccl-bc-shm-2"]) + " |")
+        md.append("")
+    for n in (4, 8):
+        if data.get(f"oxccl-shm-{n}"):
+            peers = [("Open MPI", f"ompi-shm-{n}")] + ([("Gloo", f"gloo-lo-{n}")] if data.get(f"gloo-lo-{n}") else [])
+            md += [f"## Shared memory, {n} ranks on 2 cores (oversubscribed)", "", table(data, n, "shm", peers), ""]
+    for n in (2, 4):
+        if data.get(f"oxccl-tcp-{n}"):
+            md += [f"## TCP, {n} network-namespace hosts", "",
+                   table(data, n, "tcp", [("Open MPI", f"ompi-tcp-{n}"), ("Gloo", f"gloo-tcp-{n}")]), ""]
+            if n == 2:
+                svg(data, [("oxccl", "oxccl-tcp-2"), ("Open MPI", "ompi-tcp-2"), ("Gloo", "gloo-tcp-2")], "allreduce busbw, 2 hosts, TCP", os.path.join(bench, "tcp2.svg"))
+                md += ["![tcp 2 hosts](tcp2.svg)", ""]
+                if extra.get("iperf-tcp-2"):
+                    raw = statistics.median(extra["iperf-tcp-2"]) / 8
+                    big = med(data, "oxccl-tcp-2", 256 << 20, 1)
+                    md.append(f"Raw single-stream TCP between the two hosts (iperf3): median {raw:.2f} GB/s; oxccl busbw at 256 MiB is "
+                              f"{fmt(big)} GB/s = {ratio(big, raw)} of it.\n")
+    open(os.path.join(bench, "RESULTS.md"), "w").write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
