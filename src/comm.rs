@@ -40,9 +40,15 @@ pub(crate) struct State {
     p2p_rx: Vec<u64>,
     splits: u64,
     error: Option<Error>,
+    /// Schedules built recently, keyed by their parameters (training loops repeat operations).
+    sched_cache: std::collections::HashMap<SchedKey, Arc<crate::schedule::Schedule>>,
 }
 
+type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
+
 pub(crate) struct Shared {
+    algos: Vec<crate::schedule::Algo>,
+    last_choice: Mutex<Option<(Coll, crate::schedule::Algo)>>,
     rank: usize,
     nranks: usize,
     comm_id: u64,
@@ -204,6 +210,13 @@ impl Communicator {
     ) -> Result<Communicator> {
         let nranks = peers.len();
         let comm_id = comm_id_of(&prefix);
+        let algos = match &cfg.algo {
+            Some(spec) => crate::config::parse_algos(spec).map_err(|e| e.with_rank(rank))?,
+            None => vec![crate::schedule::Algo::Ring, crate::schedule::Algo::RecursiveDoubling],
+        };
+        if let Some(p) = &cfg.proto {
+            crate::config::check_proto(p).map_err(|e| e.with_rank(rank))?;
+        }
         let ctx = TransportCtx { rank, nranks, comm_id, secret, peers: peers.clone() };
         let shm = if cfg.shm_disable {
             None
@@ -213,6 +226,8 @@ impl Communicator {
         let tcp = TcpTransport::new(ctx, TcpConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes }, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
+                algos,
+                last_choice: Mutex::new(None),
                 rank,
                 nranks,
                 comm_id,
@@ -231,6 +246,7 @@ impl Communicator {
                     p2p_rx: vec![0; nranks],
                     splits: 0,
                     error: None,
+                    sched_cache: Default::default(),
                 }),
                 aborted: AtomicBool::new(false),
                 abort_bell: Doorbell::new()?,
@@ -755,6 +771,47 @@ impl Shared {
         self.state.lock().unwrap().error.get_or_insert(e);
     }
 
+    /// The tuner: the algorithm for `coll` on `bytes` per rank buffer. Deterministic mode forces
+    /// the ordered schedules for reductions; otherwise an α-β model picks among the allowed
+    /// algorithms, with the constants of the slowest link kind in the communicator.
+    pub(crate) fn choose_algo(&self, coll: Coll, bytes: usize) -> crate::schedule::Algo {
+        use crate::schedule::Algo;
+        let algo = if self.cfg.deterministic && coll.reduces() {
+            Algo::Ordered
+        } else if coll != Coll::AllReduce || self.algos.len() == 1 {
+            if coll == Coll::AllReduce {
+                self.algos[0]
+            } else {
+                Algo::Ring
+            }
+        } else {
+            let t = &self.cfg.tuner;
+            let one_host = self.peers.iter().all(|p| p.host_id == self.peers[0].host_id);
+            let (alpha, beta) = if one_host && !self.cfg.shm_disable {
+                (t.shm_alpha_us, t.shm_beta_gbps * 1e3)
+            } else {
+                (t.net_alpha_us, t.net_beta_gbps * 1e3)
+            };
+            let n = self.nranks as f64;
+            let s = bytes as f64; // bytes, beta in bytes/us
+            let ring = 2.0 * (n - 1.0) * alpha + 2.0 * (n - 1.0) / n * s / beta;
+            let p2 = (1usize << (usize::BITS - 1 - self.nranks.leading_zeros())) as f64;
+            let hops = p2.log2() + if p2 < n { 2.0 } else { 0.0 };
+            let rd = hops * (alpha + s / beta);
+            if rd < ring {
+                Algo::RecursiveDoubling
+            } else {
+                Algo::Ring
+            }
+        };
+        let mut last = self.last_choice.lock().unwrap();
+        if *last != Some((coll, algo)) {
+            tracing::info!("[{}] oxccl: {} of {bytes} bytes uses {}", self.rank, coll.name(), algo.name());
+            *last = Some((coll, algo));
+        }
+        algo
+    }
+
     /// The first error, if any.
     pub(crate) fn sticky_error(&self) -> Option<Error> {
         self.state.lock().unwrap().error.clone()
@@ -883,7 +940,10 @@ impl<'a> Group<'a> {
         for (c, d, mem) in self.ops {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
             let sh = &*c.sh;
-            let seq = {
+            let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
+            let avg = d.op == ReduceOp::Avg && d.coll.reduces();
+            let algo = sh.choose_algo(d.coll, d.count * d.dtype.size());
+            let (seq, sched) = {
                 let mut st = sh.state.lock().unwrap();
                 let ctr = match d.coll {
                     Coll::Send => &mut st.p2p_tx[d.root],
@@ -891,20 +951,32 @@ impl<'a> Group<'a> {
                     _ => &mut st.seq,
                 };
                 *ctr += 1;
-                *ctr - 1
+                let seq = *ctr - 1;
+                let key = (d.coll, d.count, d.root, chunk, avg, algo);
+                let sched = match st.sched_cache.get(&key) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = Arc::new(build(&Params {
+                            coll: d.coll,
+                            nranks: sh.nranks,
+                            rank: sh.rank,
+                            count: d.count,
+                            root: d.root,
+                            chunk,
+                            avg,
+                            algo,
+                        }));
+                        if st.sched_cache.len() >= 256 {
+                            st.sched_cache.clear();
+                        }
+                        st.sched_cache.insert(key, s.clone());
+                        s
+                    }
+                };
+                (seq, sched)
             };
-            let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
-            let sched = build(&Params {
-                coll: d.coll,
-                nranks: sh.nranks,
-                rank: sh.rank,
-                count: d.count,
-                root: d.root,
-                chunk,
-                avg: d.op == ReduceOp::Avg && d.coll.reduces(),
-            });
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
-            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count };
+            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
             runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
         }
         // pass 2: connect what the ops need, all communicators phase by phase

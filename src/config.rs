@@ -22,6 +22,30 @@ pub struct Config {
     /// Host identity override (`OXCCL_HOSTID`, else `NCCL_HOSTID`); ranks with different values
     /// never use shared memory between them.
     pub host_id: Option<String>,
+    /// Allowed algorithms, NCCL syntax (`OXCCL_ALGO`, else `NCCL_ALGO`): a comma list of
+    /// `ring`, `recdouble`; a leading `^` excludes. Checked when a communicator is created.
+    pub algo: Option<String>,
+    /// Allowed protocols (`NCCL_PROTO`); oxccl has one protocol, `Simple`.
+    pub proto: Option<String>,
+    /// Deterministic reductions (`OXCCL_DETERMINISTIC=1`): floating-point results are bitwise
+    /// identical whatever the algorithm or chunk size, for a given rank count.
+    pub deterministic: bool,
+    /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
+    /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
+    pub tuner: Tuner,
+}
+
+/// The α-β model's constants, per link kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuner {
+    /// Latency of one message between ranks on one host, µs.
+    pub shm_alpha_us: f64,
+    /// Bandwidth between ranks on one host, GB/s.
+    pub shm_beta_gbps: f64,
+    /// Latency of one message between hosts, µs.
+    pub net_alpha_us: f64,
+    /// Bandwidth between hosts, GB/s.
+    pub net_beta_gbps: f64,
 }
 
 /// The value of the first set variable among `names`.
@@ -44,6 +68,17 @@ impl Default for Config {
             slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(4),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             host_id: env_any(&["OXCCL_HOSTID", "NCCL_HOSTID"]),
+            algo: env_any(&["OXCCL_ALGO", "NCCL_ALGO"]),
+            proto: env_any(&["NCCL_PROTO"]),
+            deterministic: env_any(&["OXCCL_DETERMINISTIC"]).is_some_and(|v| v != "0"),
+            // measured on the 2-core development machines (bench/RESULTS.md): wake-up-free
+            // message latency and achieved bandwidth of one ring step
+            tuner: Tuner {
+                shm_alpha_us: env_num(&["OXCCL_TUNER_SHM_ALPHA_US"]).unwrap_or(0.4),
+                shm_beta_gbps: env_num(&["OXCCL_TUNER_SHM_BETA_GBPS"]).unwrap_or(8.0),
+                net_alpha_us: env_num(&["OXCCL_TUNER_NET_ALPHA_US"]).unwrap_or(15.0),
+                net_beta_gbps: env_num(&["OXCCL_TUNER_NET_BETA_GBPS"]).unwrap_or(1.5),
+            },
         }
     }
 }
@@ -78,4 +113,79 @@ pub fn init_logging() {
             .without_time()
             .try_init();
     });
+}
+
+/// Parse an `NCCL_ALGO`-style list into the allowed algorithms (in oxccl's order).
+pub fn parse_algos(spec: &str) -> crate::Result<Vec<crate::schedule::Algo>> {
+    use crate::schedule::Algo;
+    let spec = spec.trim();
+    let (exclude, list) = match spec.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, spec),
+    };
+    let mut named = Vec::new();
+    for name in list.split(',').map(|n| n.trim().to_ascii_lowercase()).filter(|n| !n.is_empty()) {
+        let a = match name.as_str() {
+            "ring" => Algo::Ring,
+            "recdouble" | "recursivedoubling" | "rd" => Algo::RecursiveDoubling,
+            "tree" | "collnetdirect" | "collnetchain" | "nvls" | "nvlstree" | "pat" => {
+                if exclude {
+                    continue; // excluding what we do not have is fine
+                }
+                return Err(crate::Error::invalid_usage(format!(
+                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble"
+                )));
+            }
+            other => {
+                return Err(crate::Error::invalid_argument(format!(
+                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble"
+                )))
+            }
+        };
+        named.push(a);
+    }
+    let all = [Algo::Ring, Algo::RecursiveDoubling];
+    let allowed: Vec<Algo> = all.into_iter().filter(|a| named.contains(a) != exclude).collect();
+    if allowed.is_empty() {
+        return Err(crate::Error::invalid_usage(format!("OXCCL_ALGO/NCCL_ALGO={spec:?} leaves no algorithm")));
+    }
+    Ok(allowed)
+}
+
+/// Check an `NCCL_PROTO` value: oxccl implements only the `Simple` protocol.
+pub fn check_proto(spec: &str) -> crate::Result<()> {
+    let spec = spec.trim();
+    let (exclude, list) = match spec.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, spec),
+    };
+    let names: Vec<String> = list.split(',').map(|n| n.trim().to_ascii_lowercase()).filter(|n| !n.is_empty()).collect();
+    let simple_allowed = names.iter().any(|n| n == "simple") != exclude;
+    if !simple_allowed {
+        return Err(crate::Error::invalid_usage(format!(
+            "NCCL_PROTO={spec:?}: oxccl implements only the Simple protocol (LL and LL128 are not implemented)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Algo;
+
+    #[test]
+    fn algo_syntax() {
+        assert_eq!(parse_algos("ring").unwrap(), vec![Algo::Ring]);
+        assert_eq!(parse_algos("Ring,RecDouble").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling]);
+        assert_eq!(parse_algos("^ring").unwrap(), vec![Algo::RecursiveDoubling]);
+        assert_eq!(parse_algos("^tree").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling]);
+        let e = parse_algos("Tree").unwrap_err();
+        assert!(e.to_string().contains("not implemented"), "{e}");
+        assert!(parse_algos("bogus").is_err());
+        assert!(parse_algos("^ring,rd").is_err());
+        assert!(check_proto("Simple").is_ok());
+        assert!(check_proto("^LL,LL128").is_ok());
+        assert!(check_proto("LL").unwrap_err().to_string().contains("only the Simple"));
+    }
 }

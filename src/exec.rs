@@ -113,24 +113,45 @@ pub fn apply_step(
     if matches!(mem, OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. }) {
         return apply_step(step, dt, op, nranks, &mut mem.view(), recv, slot);
     }
+    // The pre-multiplier (pre-multiplied sum) applies to reads of the input buffer only: those
+    // are a rank's own contributions; the output buffer holds partial results.
+    let op_for = |src: Option<Slice>| match (op, src) {
+        (ReduceOp::PreMulSum(_), Some(Slice { buf: Buf::Output, .. })) => ReduceOp::Sum,
+        _ => op,
+    };
+    let op = op_for(step.src);
     match mem {
         OpMem::Split { input, output } => {
-            let src = match step.src.map(byte_range) {
-                Some((Buf::Input, a, b)) => Some(input.get(a..b).ok_or_else(oob)?),
-                Some((Buf::Output, _, _)) => return Err(Error::internal("schedule reads the output buffer")),
-                None => None,
-            };
-            match (step.dst.map(byte_range), slot) {
-                (Some((Buf::Output, a, b)), slot) => {
-                    let d = output.get_mut(a..b).ok_or_else(oob)?;
-                    combine(dt, op, d, recv, src, post);
-                    if let Some(s) = slot {
-                        s[..len].copy_from_slice(d);
+            match (step.src.map(byte_range), step.dst.map(byte_range)) {
+                // output read and written: the one-buffer rules
+                (Some((Buf::Output, sa, sb)), dst) => {
+                    let dst = match dst {
+                        Some((Buf::Output, a, b)) => Some((a, b)),
+                        Some(_) => return Err(Error::internal("schedule writes the input buffer")),
+                        None => None,
+                    };
+                    one_buffer(dt, op, output, (sa, sb), dst, recv, slot, post, len)?;
+                }
+                (src, dst) => {
+                    let src = match src {
+                        Some((_, a, b)) => Some(input.get(a..b).ok_or_else(oob)?),
+                        None => None,
+                    };
+                    match (dst, slot) {
+                        (Some((Buf::Output, a, b)), slot) => {
+                            let d = output.get_mut(a..b).ok_or_else(oob)?;
+                            combine(dt, op, d, recv, src, post);
+                            if let Some(s) = slot {
+                                s[..len].copy_from_slice(d);
+                            }
+                        }
+                        (Some((Buf::Input, _, _)), _) => {
+                            return Err(Error::internal("schedule writes the input buffer"))
+                        }
+                        (None, Some(s)) => combine(dt, op, &mut s[..len], recv, src, post),
+                        (None, None) => {}
                     }
                 }
-                (Some((Buf::Input, _, _)), _) => return Err(Error::internal("schedule writes the input buffer")),
-                (None, Some(s)) => combine(dt, op, &mut s[..len], recv, src, post),
-                (None, None) => {}
             }
         }
         OpMem::InPlace { buf, in_off, out_off } => {
@@ -139,42 +160,67 @@ pub fn apply_step(
                 let base = if b == Buf::Input { *in_off } else { *out_off };
                 (base + x, base + y)
             };
-            let src = step.src.map(abs);
-            if src.is_some_and(|(_, e)| e > buf.len()) {
-                return Err(oob());
-            }
-            match (step.dst.map(abs), slot) {
-                (Some((a, b)), slot) => {
-                    if b > buf.len() {
-                        return Err(oob());
-                    }
-                    match src {
-                        Some((sa, _)) if sa == a => combine_inplace(dt, op, &mut buf[a..b], recv, post),
-                        Some((sa, sb)) if sb <= a || sa >= b => {
-                            let (d, s) = if sb <= a {
-                                let (lo, hi) = buf.split_at_mut(a);
-                                (&mut hi[..len], &lo[sa..sb])
-                            } else {
-                                let (lo, hi) = buf.split_at_mut(sa);
-                                (&mut lo[a..b], &hi[..len])
-                            };
-                            combine(dt, op, d, recv, Some(s), post);
+            match step.src.map(abs) {
+                Some(src) => one_buffer(dt, op, buf, src, step.dst.map(abs), recv, slot, post, len)?,
+                None => match (step.dst.map(abs), slot) {
+                    (Some((a, b)), slot) => {
+                        let d = buf.get_mut(a..b).ok_or_else(oob)?;
+                        combine(dt, op, d, recv, None, post);
+                        if let Some(s) = slot {
+                            s[..len].copy_from_slice(d);
                         }
-                        Some(_) => return Err(Error::internal("partially overlapping step slices")),
-                        None => combine(dt, op, &mut buf[a..b], recv, None, post),
                     }
-                    if let Some(s) = slot {
-                        s[..len].copy_from_slice(&buf[a..b]);
-                    }
-                }
-                (None, Some(s)) => {
-                    let src = src.map(|(x, y)| &buf[x..y]);
-                    combine(dt, op, &mut s[..len], recv, src, post);
-                }
-                (None, None) => {}
+                    (None, Some(s)) => combine(dt, op, &mut s[..len], recv, None, post),
+                    (None, None) => {}
+                },
             }
         }
         OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// A step whose source (byte range `src`) and destination (`dst`) lie in one buffer.
+#[allow(clippy::too_many_arguments)]
+fn one_buffer(
+    dt: DataType,
+    op: ReduceOp,
+    buf: &mut [u8],
+    (sa, sb): (usize, usize),
+    dst: Option<(usize, usize)>,
+    recv: Option<&[u8]>,
+    slot: Option<&mut [u8]>,
+    post: Option<usize>,
+    len: usize,
+) -> Result<()> {
+    if sb > buf.len() || dst.is_some_and(|(_, b)| b > buf.len()) {
+        return Err(oob());
+    }
+    match dst {
+        Some((a, b)) => {
+            if sa == a {
+                combine_inplace(dt, op, &mut buf[a..b], recv, post);
+            } else if sb <= a || sa >= b {
+                let (d, s) = if sb <= a {
+                    let (lo, hi) = buf.split_at_mut(a);
+                    (&mut hi[..len], &lo[sa..sb])
+                } else {
+                    let (lo, hi) = buf.split_at_mut(sa);
+                    (&mut lo[a..b], &hi[..len])
+                };
+                combine(dt, op, d, recv, Some(s), post);
+            } else {
+                return Err(Error::internal("partially overlapping step slices"));
+            }
+            if let Some(s) = slot {
+                s[..len].copy_from_slice(&buf[a..b]);
+            }
+        }
+        None => {
+            if let Some(s) = slot {
+                combine(dt, op, &mut s[..len], recv, Some(&buf[sa..sb]), post);
+            }
+        }
     }
     Ok(())
 }
@@ -218,8 +264,8 @@ pub struct OpRun<'a> {
     pub seq: u64,
     /// What the operation is.
     pub fp: Fingerprint,
-    /// The steps.
-    pub sched: Schedule,
+    /// The steps (shared with the communicator's schedule cache).
+    pub sched: std::sync::Arc<Schedule>,
     /// Next step.
     pub pc: usize,
     /// Buffers.
@@ -240,7 +286,7 @@ impl<'a> OpRun<'a> {
         comm_id: u64,
         seq: u64,
         fp: Fingerprint,
-        sched: Schedule,
+        sched: std::sync::Arc<Schedule>,
         mem: OpMem<'a>,
     ) -> Self {
         OpRun {
@@ -414,6 +460,8 @@ pub struct Policy {
 /// list order (an op may only use a connection once every earlier op is done with it).
 pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
     let uses: Vec<(Vec<usize>, Vec<usize>)> = ops.iter().map(|o| o.sched.peers()).collect();
+    let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
+    let mut idle_passes = 0u32;
     let mut idle_since: Option<Instant> = None;
     loop {
         let mut progressed = false;
@@ -439,10 +487,9 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         }
         // flush, and find out whether anything is still in flight
         let mut pending = false;
-        for (ci, c) in comms.iter().enumerate() {
-            let (_, tx) = peers_of(ops, &uses, ci);
+        for (c, tx) in comms.iter().zip(&tx_of) {
             c.with_conns(|conns| -> Result<()> {
-                for &q in &tx {
+                for &q in tx {
                     if let Some(s) = conns.send[q].as_mut() {
                         s.progress().map_err(|e| e.with_peer(q).with_rank(c.rank()))?;
                         pending |= s.pending();
@@ -454,14 +501,21 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         if all_done && !pending {
             return Ok(());
         }
+        if progressed {
+            idle_passes = 0;
+            idle_since = None;
+            continue;
+        }
+        // idle: spin a while (reading the clock only now and then), yield a while, then block
+        idle_passes += 1;
+        if idle_passes % 64 != 1 {
+            std::hint::spin_loop();
+            continue;
+        }
         for c in comms {
             if c.aborted() {
                 return Err(Error::invalid_usage("communicator was aborted").with_rank(c.rank()));
             }
-        }
-        if progressed {
-            idle_since = None;
-            continue;
         }
         let now = Instant::now();
         let since = *idle_since.get_or_insert(now);
@@ -469,7 +523,6 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
             return Err(hang_report(comms, ops));
         }
         if now - since < policy.spin {
-            std::hint::spin_loop();
             continue;
         }
         if now - since < policy.spin * 2 {

@@ -157,6 +157,8 @@ pub struct Fingerprint {
     pub root: usize,
     /// Count, in NCCL's convention.
     pub count: usize,
+    /// Algorithm (ranks that chose differently would exchange differently shaped messages).
+    pub algo: Algo,
 }
 
 impl Fingerprint {
@@ -183,7 +185,8 @@ impl Fingerprint {
         let dt = DataType::from_raw(((call >> 4) & 0xF) as i32).map(|d| d.name()).unwrap_or("?");
         let op =
             ["sum", "prod", "max", "min", "avg", "premulsum"].get(((call >> 8) & 0xF) as usize).copied().unwrap_or("?");
-        format!("{coll}(type={dt}, count={count}, op={op}, root={})", call >> 12)
+        let algo = ["ring", "recdouble", "ordered", "?"][((call >> 12) & 3) as usize];
+        format!("{coll}(type={dt}, count={count}, op={op}, root={}, algo={algo})", call >> 14)
     }
 }
 
@@ -192,6 +195,30 @@ impl fmt::Display for Fingerprint {
         let name = if matches!(self.coll, Coll::Send | Coll::Recv) { "send/recv" } else { self.coll.name() };
         let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { self.root };
         write!(f, "{name}(type={}, count={}, op={}, root={root})", self.dtype.name(), self.count, self.op.name())
+    }
+}
+
+/// Algorithms for the reducing collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// Pipelined ring (chain for reduce): bandwidth-optimal, 2(n-1) steps.
+    Ring,
+    /// Recursive doubling (all-reduce only; other operations use the ring): log2(n) steps of
+    /// whole messages, for small messages.
+    RecursiveDoubling,
+    /// Deterministic: every element is reduced in rank order 0, 1, ..., n-1 by its owner
+    /// (all-reduce, reduce-scatter, reduce), whatever the chunk size.
+    Ordered,
+}
+
+impl Algo {
+    /// Name used by `OXCCL_ALGO` and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::RecursiveDoubling => "recdouble",
+            Algo::Ordered => "ordered",
+        }
     }
 }
 
@@ -212,6 +239,8 @@ pub struct Params {
     pub chunk: usize,
     /// Whether the op divides by the rank count at the end (avg).
     pub avg: bool,
+    /// Algorithm for the reducing collectives.
+    pub algo: Algo,
 }
 
 fn block(count: usize, n: usize, b: usize) -> (usize, usize) {
@@ -259,6 +288,17 @@ pub fn build(p: &Params) -> Schedule {
     let local = |b: &mut Builder, src: usize, dst: usize, len: usize, post: bool| {
         b.step(Step { recv: None, src: inp(src), dst: out(dst), send: None, count: len, post });
     };
+    match (p.coll, p.algo) {
+        (Coll::AllReduce, Algo::RecursiveDoubling) if n > 1 => {
+            recursive_doubling(&mut b, p);
+            return Schedule { steps: b.steps };
+        }
+        (Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce, Algo::Ordered) if n > 1 => {
+            ordered(&mut b, p);
+            return Schedule { steps: b.steps };
+        }
+        _ => {}
+    }
     match p.coll {
         Coll::AllReduce if n == 1 => local(&mut b, 0, 0, c, p.avg),
         Coll::AllReduce => {
@@ -447,6 +487,96 @@ pub fn build(p: &Params) -> Schedule {
         }
     }
     Schedule { steps: b.steps }
+}
+
+/// Recursive doubling all-reduce. With n not a power of two, the `n - p2` extra ranks first fold
+/// their data into ranks `0..n-p2` and get the result back at the end.
+fn recursive_doubling(b: &mut Builder, p: &Params) {
+    let (n, r, c, ch) = (p.nranks, p.rank, p.count, p.chunk);
+    let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let extra = n - p2;
+    let rounds = p2.trailing_zeros();
+    for k in 0..c.div_ceil(ch) {
+        let (o, l) = chunk_of(0, c, k, ch);
+        if r >= p2 {
+            b.step(Step { recv: None, src: inp(o), dst: None, send: Some(r - p2), count: l, post: false });
+            b.step(Step { recv: Some(r - p2), src: None, dst: out(o), send: None, count: l, post: false });
+            continue;
+        }
+        let fold = if r < extra { Some(r + p2) } else { None };
+        b.step(Step { recv: fold, src: inp(o), dst: out(o), send: None, count: l, post: false });
+        for bit in 0..rounds {
+            let partner = r ^ (1 << bit);
+            let last = bit + 1 == rounds;
+            b.step(Step { recv: None, src: out(o), dst: None, send: Some(partner), count: l, post: false });
+            b.step(Step { recv: Some(partner), src: out(o), dst: out(o), send: None, count: l, post: p.avg && last });
+        }
+        if let Some(e) = fold {
+            b.step(Step { recv: None, src: out(o), dst: None, send: Some(e), count: l, post: false });
+        }
+    }
+}
+
+/// Deterministic schedules: the owner of each block accumulates every rank's contribution, its
+/// own included (through a connection to itself), in rank order 0..n-1; all-reduce then shares
+/// the blocks with a ring all-gather.
+fn ordered(b: &mut Builder, p: &Params) {
+    let (n, r, c, ch) = (p.nranks, p.rank, p.count, p.chunk);
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    // (input offset, output offset, length) of chunk k of block `blk`, and the block owner
+    let part = |blk: usize, k: usize| -> (usize, usize, usize) {
+        match p.coll {
+            Coll::AllReduce => {
+                let (s, e) = block(c, n, blk);
+                let (o, l) = chunk_of(s, e, k, ch);
+                (o, o, l)
+            }
+            Coll::ReduceScatter => {
+                let (o, l) = chunk_of(0, c, k, ch);
+                (blk * c + o, o, l)
+            }
+            _ => {
+                let (o, l) = chunk_of(0, c, k, ch);
+                (o, o, l)
+            }
+        }
+    };
+    let rounds = match p.coll {
+        Coll::AllReduce => (0..n).map(|x| block(c, n, x)).map(|(s, e)| e - s).max().unwrap().div_ceil(ch),
+        _ => c.div_ceil(ch),
+    };
+    for k in 0..rounds {
+        // 1. contributions to their owners (the block's rank; the root for reduce)
+        let owners: Vec<usize> = match p.coll {
+            Coll::Reduce => vec![p.root],
+            _ => (0..n).map(|i| (r + 1 + i) % n).collect(),
+        };
+        for &owner in &owners {
+            let (io, _, l) = part(owner, k);
+            let io = if p.coll == Coll::Reduce { part(0, k).0 } else { io };
+            b.step(Step { recv: None, src: inp(io), dst: None, send: Some(owner), count: l, post: false });
+        }
+        // 2. the owner accumulates in rank order
+        if p.coll != Coll::Reduce || r == p.root {
+            let (_, oo, l) = part(r, k);
+            for q in 0..n {
+                let src = if q == 0 { None } else { out(oo) };
+                b.step(Step { recv: Some(q), src, dst: out(oo), send: None, count: l, post: p.avg && q == n - 1 });
+            }
+        }
+        // 3. all-reduce: ring all-gather of the owned blocks
+        if p.coll == Coll::AllReduce {
+            let (o, _, l) = part(r, k);
+            b.step(Step { recv: None, src: out(o), dst: None, send: Some(next), count: l, post: false });
+            for j in 1..n - 1 {
+                let (o, _, l) = part((r + n - j) % n, k);
+                b.step(Step { recv: Some(prev), src: None, dst: out(o), send: Some(next), count: l, post: false });
+            }
+            let (o, _, l) = part(next, k);
+            b.step(Step { recv: Some(prev), src: None, dst: out(o), send: None, count: l, post: false });
+        }
+    }
 }
 
 impl Schedule {

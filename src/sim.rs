@@ -44,6 +44,8 @@ pub struct Case {
     pub avg: bool,
     /// Queue depth per connection.
     pub depth: usize,
+    /// Algorithm of the reducing collectives.
+    pub algo: crate::schedule::Algo,
 }
 
 /// Schedules of every rank for `case`.
@@ -58,6 +60,7 @@ pub fn schedules(case: &Case) -> Vec<Schedule> {
                 root: case.root,
                 chunk: case.chunk,
                 avg: case.avg,
+                algo: case.algo,
             })
         })
         .collect()
@@ -144,7 +147,7 @@ fn lockstep<M>(
                     }
                 }
                 if let Some(s) = step.send {
-                    if s >= n || s == r {
+                    if s >= n {
                         return Err(format!("rank {r} sends to invalid rank {s}"));
                     }
                     if q.get(&(r, s)).is_some_and(|x| x.len() >= depth) {

@@ -1,7 +1,7 @@
 //! Depth 1: schedules alone, through the simulator (no transport, no threads).
 
 use oxccl::exact::premul_two;
-use oxccl::schedule::{build, cost, Coll, Params};
+use oxccl::schedule::{build, cost, Algo, Coll, Params};
 use oxccl::sim::{check_numeric, check_symbolic, schedules, Case};
 use oxccl::{DataType, ReduceOp};
 
@@ -59,6 +59,7 @@ fn symbolic_every_rank_count_size_and_root() {
                                 inplace,
                                 avg: coll.reduces() && count % 2 == 1,
                                 depth: 2,
+                                algo: Algo::Ring,
                             };
                             if let Err(e) = check_symbolic(&case) {
                                 panic!("{case:?}: {e}");
@@ -79,8 +80,17 @@ fn symbolic_large_counts() {
         for coll in COLLS {
             let count =
                 if matches!(coll, Coll::AllReduce | Coll::Broadcast | Coll::Reduce) { 1_000_003 } else { 65_537 };
-            let case =
-                Case { coll, nranks: n, count, root: n - 1, chunk: 65_536, inplace: false, avg: false, depth: 2 };
+            let case = Case {
+                coll,
+                nranks: n,
+                count,
+                root: n - 1,
+                chunk: 65_536,
+                inplace: false,
+                avg: false,
+                depth: 2,
+                algo: Algo::Ring,
+            };
             if let Err(e) = check_symbolic(&case) {
                 panic!("{case:?}: {e}");
             }
@@ -114,6 +124,7 @@ fn numeric_every_type_and_op_through_the_executor_step() {
                                 inplace,
                                 avg: op == ReduceOp::Avg,
                                 depth: 2,
+                                algo: Algo::Ring,
                             };
                             if let Err(e) = check_numeric(&case, dt, op) {
                                 panic!("{case:?} {dt:?} {op:?}: {e}");
@@ -128,8 +139,17 @@ fn numeric_every_type_and_op_through_the_executor_step() {
 
 #[test]
 fn broken_schedules_are_caught() {
-    let case =
-        Case { coll: Coll::AllReduce, nranks: 4, count: 16, root: 0, chunk: 2, inplace: false, avg: false, depth: 2 };
+    let case = Case {
+        coll: Coll::AllReduce,
+        nranks: 4,
+        count: 16,
+        root: 0,
+        chunk: 2,
+        inplace: false,
+        avg: false,
+        depth: 2,
+        algo: Algo::Ring,
+    };
     // drop a step: unreceived messages or deadlock
     let mut s = schedules(&case);
     s[1].steps.remove(3);
@@ -161,7 +181,16 @@ fn costs_match_the_documented_formulas() {
             for count in [0, 1, 5, 64, 1000] {
                 for root in roots(coll, n) {
                     for rank in 0..n {
-                        let s = build(&Params { coll, nranks: n, rank, count, root, chunk: 7, avg: false });
+                        let s = build(&Params {
+                            coll,
+                            nranks: n,
+                            rank,
+                            count,
+                            root,
+                            chunk: 7,
+                            avg: false,
+                            algo: Algo::Ring,
+                        });
                         assert_eq!(
                             s.elements_sent(),
                             cost::elements_sent(coll, n, rank, count, root),
@@ -174,6 +203,7 @@ fn costs_match_the_documented_formulas() {
         if n > 1 {
             // one chunk round of allreduce: 2(n-1) sends per rank
             let s = build(&Params {
+                algo: Algo::Ring,
                 coll: Coll::AllReduce,
                 nranks: n,
                 rank: 0,
@@ -190,8 +220,26 @@ fn costs_match_the_documented_formulas() {
 #[test]
 fn point_to_point_pairs() {
     for count in [0, 1, 100] {
-        let tx = build(&Params { coll: Coll::Send, nranks: 2, rank: 0, count, root: 1, chunk: 8, avg: false });
-        let rx = build(&Params { coll: Coll::Recv, nranks: 2, rank: 1, count, root: 0, chunk: 8, avg: false });
+        let tx = build(&Params {
+            coll: Coll::Send,
+            nranks: 2,
+            rank: 0,
+            count,
+            root: 1,
+            chunk: 8,
+            avg: false,
+            algo: Algo::Ring,
+        });
+        let rx = build(&Params {
+            coll: Coll::Recv,
+            nranks: 2,
+            rank: 1,
+            count,
+            root: 0,
+            chunk: 8,
+            avg: false,
+            algo: Algo::Ring,
+        });
         assert_eq!(tx.steps.len(), rx.steps.len());
         assert_eq!(tx.elements_sent(), count);
         for (a, b) in tx.steps.iter().zip(&rx.steps) {
@@ -202,7 +250,16 @@ fn point_to_point_pairs() {
 
 #[test]
 fn snapshot_ring_allreduce_4_ranks() {
-    let s = build(&Params { coll: Coll::AllReduce, nranks: 4, rank: 1, count: 8, root: 0, chunk: 2, avg: true });
+    let s = build(&Params {
+        coll: Coll::AllReduce,
+        nranks: 4,
+        rank: 1,
+        count: 8,
+        root: 0,
+        chunk: 2,
+        avg: true,
+        algo: Algo::Ring,
+    });
     let want = "\
 recv   -  src      in[0]  dst          -  send   2  n 2
 recv   0  src      in[6]  dst          -  send   2  n 2
@@ -239,6 +296,7 @@ mod props {
             op_i in 0usize..6,
             inplace in any::<bool>(),
             depth in 2usize..5,
+            algo in prop::sample::select(vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered]),
         ) {
             let op = if coll.reduces() {
                 if op_i == 5 { premul_two(dt) } else { ReduceOp::BASIC[op_i] }
@@ -246,10 +304,73 @@ mod props {
                 ReduceOp::Sum
             };
             let inplace = inplace && inplace_ok(coll);
-            let case = Case { coll, nranks: n, count, root: root_seed % n, chunk, inplace, avg: op == ReduceOp::Avg, depth };
+            let case = Case { coll, nranks: n, count, root: root_seed % n, chunk, inplace, avg: op == ReduceOp::Avg, depth, algo };
             prop_assert!(check_symbolic(&case).is_ok(), "{:?}", check_symbolic(&case));
             let r = check_numeric(&case, dt, op);
             prop_assert!(r.is_ok(), "{case:?} {dt:?} {op:?}: {r:?}");
+        }
+    }
+}
+
+/// Recursive doubling and the ordered (deterministic) schedules, for every rank count 1..=16,
+/// awkward counts, every root, tiny chunks, both layouts; numerically for every type and op.
+#[test]
+fn other_algorithms_in_the_simulator() {
+    for algo in [Algo::RecursiveDoubling, Algo::Ordered] {
+        let colls: &[Coll] = if algo == Algo::Ordered {
+            &[Coll::AllReduce, Coll::ReduceScatter, Coll::Reduce]
+        } else {
+            &[Coll::AllReduce]
+        };
+        for n in 1..=16 {
+            for &coll in colls {
+                for count in counts(n) {
+                    for root in roots(coll, n) {
+                        for chunk in [1, 3, 64] {
+                            for inplace in [false, true] {
+                                let case = Case {
+                                    coll,
+                                    nranks: n,
+                                    count,
+                                    root,
+                                    chunk,
+                                    inplace,
+                                    avg: count % 2 == 1,
+                                    depth: 2,
+                                    algo,
+                                };
+                                if let Err(e) = check_symbolic(&case) {
+                                    panic!("{case:?}: {e}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for n in [1, 2, 3, 5, 8] {
+            for &coll in colls {
+                for dt in DataType::ALL {
+                    for op in ReduceOp::BASIC.into_iter().chain([premul_two(dt)]) {
+                        for inplace in [false, true] {
+                            let case = Case {
+                                coll,
+                                nranks: n,
+                                count: 4 * n + 3,
+                                root: n - 1,
+                                chunk: 5,
+                                inplace,
+                                avg: op == ReduceOp::Avg,
+                                depth: 2,
+                                algo,
+                            };
+                            if let Err(e) = check_numeric(&case, dt, op) {
+                                panic!("{case:?} {dt:?} {op:?}: {e}");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -337,3 +337,68 @@ fn non_blocking_errors_are_reported_by_wait() {
         }
     });
 }
+
+fn noisy_floats(rank: usize, count: usize) -> Vec<f32> {
+    let mut z = 0x9E37_79B9u64 ^ (rank as u64 * 0x1234_5678_9ABC);
+    (0..count)
+        .map(|_| {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let m = ((z >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
+            m * 2f32.powi(((z >> 20) % 16) as i32 - 8) // mixed magnitudes: order changes the bits
+        })
+        .collect()
+}
+
+fn allreduce_with(cf: Config, n: usize, count: usize) -> Vec<Vec<f32>> {
+    let comms = Communicator::init_all_with_config(n, cf).unwrap();
+    let outs = std::sync::Mutex::new(vec![vec![]; n]);
+    on_all(comms, |c| {
+        let mut v = noisy_floats(c.rank(), count);
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        outs.lock().unwrap()[c.rank()] = v;
+    });
+    outs.into_inner().unwrap()
+}
+
+#[test]
+fn deterministic_mode_is_bitwise_identical_across_algorithms_and_chunks() {
+    let (n, count) = (5, 10_007);
+    let ins: Vec<Vec<f32>> = (0..n).map(|r| noisy_floats(r, count)).collect();
+    // rank-order left fold: ((x0 + x1) + x2) + ...
+    let want: Vec<u32> = (0..count).map(|i| (1..n).fold(ins[0][i], |a, r| a + ins[r][i]).to_bits()).collect();
+    for (algo, chunk) in
+        [("ring", 4096), ("recdouble", 4096), ("ring", 256), ("recdouble", 64), ("ring,recdouble", 65536)]
+    {
+        let cf = Config { deterministic: true, algo: Some(algo.into()), chunk_bytes: chunk, ..cfg() };
+        for (r, out) in allreduce_with(cf, n, count).iter().enumerate() {
+            let got: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
+            assert!(got == want, "rank {r}, algo {algo}, chunk {chunk}: differs from the rank-order sum");
+        }
+    }
+    // without the mode, the two algorithms round differently (which is why the mode exists)
+    let ring = allreduce_with(Config { algo: Some("ring".into()), ..cfg() }, n, count);
+    let rd = allreduce_with(Config { algo: Some("recdouble".into()), ..cfg() }, n, count);
+    assert_ne!(ring[0], rd[0]);
+    assert!(ring.iter().all(|o| o == &ring[0]) && rd.iter().all(|o| o == &rd[0]), "every rank agrees either way");
+}
+
+#[test]
+fn forced_algorithms_run_every_type_and_op_exactly() {
+    for algo in ["recdouble", "ring"] {
+        for n in [2, 3, 5] {
+            let comms = Communicator::init_all_with_config(n, Config { algo: Some(algo.into()), ..cfg() }).unwrap();
+            on_all(comms, |c| {
+                for dt in DataType::ALL {
+                    for op in ReduceOp::BASIC.into_iter().chain([premul_two(dt)]) {
+                        check(c, Coll::AllReduce, dt, op, 3000 + n, 0, false);
+                        check(c, Coll::AllReduce, dt, op, 7, 0, true);
+                    }
+                }
+            });
+        }
+    }
+    let e = Communicator::init_all_with_config(2, Config { algo: Some("Tree".into()), ..cfg() }).unwrap_err();
+    assert!(e.to_string().contains("not implemented"), "{e}");
+    let e = Communicator::init_all_with_config(2, Config { proto: Some("LL128".into()), ..cfg() }).unwrap_err();
+    assert!(e.to_string().contains("Simple"), "{e}");
+}
