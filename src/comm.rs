@@ -47,6 +47,9 @@ pub(crate) struct State {
 type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
 
 pub(crate) struct Shared {
+    /// Busy-poll and yield times in force (see [`Config::spin`]).
+    spin: std::time::Duration,
+    yield_for: std::time::Duration,
     algos: Vec<crate::schedule::Algo>,
     last_choice: Mutex<Option<(Coll, crate::schedule::Algo)>>,
     rank: usize,
@@ -217,6 +220,12 @@ impl Communicator {
         if let Some(p) = &cfg.proto {
             crate::config::check_proto(p).map_err(|e| e.with_rank(rank))?;
         }
+        let local = peers.iter().filter(|p| p.host_id == peers[rank].host_id).count();
+        let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+        let oversubscribed = local > cores;
+        let us = std::time::Duration::from_micros;
+        let spin = cfg.spin.unwrap_or(if oversubscribed { us(0) } else { us(50) });
+        let yield_for = cfg.yield_for.unwrap_or(if oversubscribed { us(1000) } else { us(50) });
         let ctx = TransportCtx { rank, nranks, comm_id, secret, peers: peers.clone() };
         let shm = if cfg.shm_disable {
             None
@@ -226,6 +235,8 @@ impl Communicator {
         let tcp = TcpTransport::new(ctx, TcpConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes }, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
+                spin,
+                yield_for,
                 algos,
                 last_choice: Mutex::new(None),
                 rank,
@@ -817,9 +828,9 @@ impl Shared {
         self.state.lock().unwrap().error.clone()
     }
 
-    /// The settings.
-    pub(crate) fn config(&self) -> &Config {
-        &self.cfg
+    /// Busy-poll and yield times in force.
+    pub(crate) fn waits(&self) -> (std::time::Duration, std::time::Duration) {
+        (self.spin, self.yield_for)
     }
 
     /// Wait until the asynchronous operations already queued on this communicator finished.
@@ -906,8 +917,9 @@ impl<'a> Group<'a> {
         let mut runs = self.prepare(&comms)?;
         let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
         let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
-        let spin = shareds.iter().map(|sh| sh.cfg.spin).max().unwrap();
-        let res = drive(&shareds, &mut runs, Policy { spin, deadline });
+        let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
+        let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
+        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline });
         if let Err(e) = &res {
             for sh in &shareds {
                 sh.set_error(e.clone());

@@ -8,9 +8,14 @@ pub struct Config {
     /// Bound on every wait (bootstrap, connection setup, each operation). `OXCCL_TIMEOUT`
     /// (seconds), default 600 s like PyTorch's NCCL default.
     pub timeout: Duration,
-    /// How long a waiting rank busy-polls before it blocks in the kernel. `OXCCL_SPIN_US`,
-    /// default 50 µs (it yields after that as long again, then sleeps).
-    pub spin: Duration,
+    /// How long a waiting rank busy-polls before it blocks in the kernel. `OXCCL_SPIN_US`;
+    /// default 50 µs, or 0 when the host is oversubscribed (more local ranks than cores), where
+    /// a spinning rank would steal the core of the peer it waits for.
+    pub spin: Option<Duration>,
+    /// How long a waiting rank then yields its core before it blocks. `OXCCL_YIELD_US`; default
+    /// 50 µs, or 1 ms when the host is oversubscribed (yielding hands the core to a peer at once,
+    /// blocking costs a wake-up of about 20 µs).
+    pub yield_for: Option<Duration>,
     /// Never use shared memory (`NCCL_SHM_DISABLE=1`).
     pub shm_disable: bool,
     /// Largest message (connection slot) in bytes: `OXCCL_CHUNK_BYTES`, default 256 KiB.
@@ -62,7 +67,8 @@ impl Default for Config {
         let timeout = env_num(&["OXCCL_TIMEOUT"]).filter(|t| *t > 0.0).unwrap_or(600.0);
         Config {
             timeout: Duration::from_secs_f64(timeout),
-            spin: Duration::from_micros(env_num(&["OXCCL_SPIN_US"]).unwrap_or(50.0) as u64),
+            spin: env_num(&["OXCCL_SPIN_US"]).map(|v| Duration::from_micros(v as u64)),
+            yield_for: env_num(&["OXCCL_YIELD_US"]).map(|v| Duration::from_micros(v as u64)),
             shm_disable: env_any(&["OXCCL_SHM_DISABLE", "NCCL_SHM_DISABLE"]).is_some_and(|v| v != "0"),
             chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"]).map(|v| ((v as usize).max(64) / 64) * 64).unwrap_or(256 << 10),
             slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(4),

@@ -140,10 +140,7 @@ pub fn apply_step(
                     match (dst, slot) {
                         (Some((Buf::Output, a, b)), slot) => {
                             let d = output.get_mut(a..b).ok_or_else(oob)?;
-                            combine(dt, op, d, recv, src, post);
-                            if let Some(s) = slot {
-                                s[..len].copy_from_slice(d);
-                            }
+                            combine_to_both(dt, op, d, recv, src, post, slot.map(|s| &mut s[..len]));
                         }
                         (Some((Buf::Input, _, _)), _) => {
                             return Err(Error::internal("schedule writes the input buffer"))
@@ -165,10 +162,7 @@ pub fn apply_step(
                 None => match (step.dst.map(abs), slot) {
                     (Some((a, b)), slot) => {
                         let d = buf.get_mut(a..b).ok_or_else(oob)?;
-                        combine(dt, op, d, recv, None, post);
-                        if let Some(s) = slot {
-                            s[..len].copy_from_slice(d);
-                        }
+                        combine_to_both(dt, op, d, recv, None, post, slot.map(|s| &mut s[..len]));
                     }
                     (None, Some(s)) => combine(dt, op, &mut s[..len], recv, None, post),
                     (None, None) => {}
@@ -178,6 +172,59 @@ pub fn apply_step(
         OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. } => unreachable!("handled above"),
     }
     Ok(())
+}
+
+/// Bytes per tile when a step writes both a destination and a send slot: the slot copy reads
+/// the tile while it is still in L1 instead of making a second pass over the chunk.
+const TILE: usize = 16 << 10;
+
+/// `d = recv ⊕ pre(src)` (then `/ post`), also copied into `slot`, tile by tile.
+#[allow(clippy::too_many_arguments)]
+fn combine_to_both(
+    dt: DataType,
+    op: ReduceOp,
+    d: &mut [u8],
+    recv: Option<&[u8]>,
+    src: Option<&[u8]>,
+    post: Option<usize>,
+    slot: Option<&mut [u8]>,
+) {
+    let Some(slot) = slot else {
+        combine(dt, op, d, recv, src, post);
+        return;
+    };
+    let tile = TILE - TILE % dt.size();
+    let mut off = 0;
+    while off < d.len() {
+        let end = (off + tile).min(d.len());
+        let dd = &mut d[off..end];
+        combine(dt, op, dd, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
+        slot[off..end].copy_from_slice(dd);
+        off = end;
+    }
+}
+
+/// [`combine_inplace`] on `d`, also copied into `slot`, tile by tile.
+fn combine_inplace_to_both(
+    dt: DataType,
+    op: ReduceOp,
+    d: &mut [u8],
+    recv: Option<&[u8]>,
+    post: Option<usize>,
+    slot: Option<&mut [u8]>,
+) {
+    let Some(slot) = slot else {
+        combine_inplace(dt, op, d, recv, post);
+        return;
+    };
+    let tile = TILE - TILE % dt.size();
+    let mut off = 0;
+    while off < d.len() {
+        let end = (off + tile).min(d.len());
+        combine_inplace(dt, op, &mut d[off..end], recv.map(|r| &r[off..end]), post);
+        slot[off..end].copy_from_slice(&d[off..end]);
+        off = end;
+    }
 }
 
 /// A step whose source (byte range `src`) and destination (`dst`) lie in one buffer.
@@ -198,8 +245,9 @@ fn one_buffer(
     }
     match dst {
         Some((a, b)) => {
+            let slot = slot.map(|s| &mut s[..len]);
             if sa == a {
-                combine_inplace(dt, op, &mut buf[a..b], recv, post);
+                combine_inplace_to_both(dt, op, &mut buf[a..b], recv, post, slot);
             } else if sb <= a || sa >= b {
                 let (d, s) = if sb <= a {
                     let (lo, hi) = buf.split_at_mut(a);
@@ -208,12 +256,9 @@ fn one_buffer(
                     let (lo, hi) = buf.split_at_mut(sa);
                     (&mut lo[a..b], &hi[..len])
                 };
-                combine(dt, op, d, recv, Some(s), post);
+                combine_to_both(dt, op, d, recv, Some(s), post, slot);
             } else {
                 return Err(Error::internal("partially overlapping step slices"));
-            }
-            if let Some(s) = slot {
-                s[..len].copy_from_slice(&buf[a..b]);
             }
         }
         None => {
@@ -452,6 +497,9 @@ pub trait DriveComm {
 pub struct Policy {
     /// Busy-poll this long before blocking.
     pub spin: Duration,
+    /// Then yield the CPU (`sched_yield`) this long before blocking: on an oversubscribed host
+    /// this hands the core straight to the peer being waited for.
+    pub yield_for: Duration,
     /// Give up at this instant.
     pub deadline: Instant,
 }
@@ -508,7 +556,7 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         }
         // idle: spin a while (reading the clock only now and then), yield a while, then block
         idle_passes += 1;
-        if idle_passes % 64 != 1 {
+        if idle_passes % 64 != 1 && !policy.spin.is_zero() {
             std::hint::spin_loop();
             continue;
         }
@@ -525,7 +573,7 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         if now - since < policy.spin {
             continue;
         }
-        if now - since < policy.spin * 2 {
+        if now - since < policy.spin + policy.yield_for {
             std::thread::yield_now();
             continue;
         }

@@ -167,12 +167,13 @@ fn main_loop(q: &'static Queue) {
         }
         let now = Instant::now();
         let since = *idle_since.get_or_insert(now);
-        let spin = metas.iter().map(|m| m.sh.config().spin).max().unwrap_or_default();
+        let spin = metas.iter().map(|m| m.sh.waits().0).max().unwrap_or_default();
+        let yield_for = metas.iter().map(|m| m.sh.waits().1).max().unwrap_or_default();
         if now - since < spin {
             std::hint::spin_loop();
             continue;
         }
-        if now - since < spin * 2 {
+        if now - since < spin + yield_for {
             std::thread::yield_now();
             continue;
         }

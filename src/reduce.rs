@@ -154,6 +154,52 @@ macro_rules! dispatch {
     };
 }
 
+/// f16 sum/prod/min/max without pre-multiplier: convert tiles to f32 with the `half` crate's slice
+/// conversions (F16C when the CPU has it), compute in f32, round back once. Bitwise identical to
+/// the per-element path (`f16::from_f32(a.to_f32() ⊕ b.to_f32())`). Returns false if it does not
+/// apply (misaligned buffers, pre-multiplied sum).
+fn f16_tiles(op: ReduceOp, out: &mut [u8], a: &[u8], b: Option<&[u8]>) -> bool {
+    use half::slice::HalfFloatSliceExt;
+    if matches!(op, ReduceOp::PreMulSum(_)) {
+        return false;
+    }
+    let (Ok(a), Ok(n)) =
+        (bytemuck::try_cast_slice::<u8, half::f16>(a), bytemuck::try_cast_slice::<u8, half::f16>(out).map(|o| o.len()))
+    else {
+        return false;
+    };
+    let b = match b.map(bytemuck::try_cast_slice::<u8, half::f16>) {
+        Some(Ok(b)) => Some(b),
+        Some(Err(_)) => return false,
+        None => None,
+    };
+    const T: usize = 1024;
+    let (mut fa, mut fb) = ([0f32; T], [0f32; T]);
+    let mut start = 0;
+    let mut tile_out = [half::f16::ZERO; T];
+    while start < n {
+        let m = T.min(n - start);
+        a[start..start + m].convert_to_f32_slice(&mut fa[..m]);
+        match b {
+            Some(b) => b[start..start + m].convert_to_f32_slice(&mut fb[..m]),
+            None => bytemuck::cast_slice::<u8, half::f16>(&out[start * 2..(start + m) * 2])
+                .convert_to_f32_slice(&mut fb[..m]),
+        }
+        let (x, y) = (&mut fa[..m], &fb[..m]);
+        match op {
+            ReduceOp::Prod => x.iter_mut().zip(y).for_each(|(x, y)| *x *= y),
+            ReduceOp::Min => x.iter_mut().zip(y).for_each(|(x, y)| *x = if *y < *x { *y } else { *x }),
+            ReduceOp::Max => x.iter_mut().zip(y).for_each(|(x, y)| *x = if *y > *x { *y } else { *x }),
+            _ => x.iter_mut().zip(y).for_each(|(x, y)| *x += y),
+        }
+        tile_out[..m].convert_from_f32_slice(x);
+        let ob: &mut [half::f16] = bytemuck::cast_slice_mut(&mut out[start * 2..(start + m) * 2]);
+        ob.copy_from_slice(&tile_out[..m]);
+        start += m;
+    }
+    true
+}
+
 /// `out = recv ⊕ pre(src)`, then `/ post` if given. `out` must not overlap the inputs; input
 /// lengths must equal `out.len()` (a multiple of the element size).
 pub fn combine(
@@ -171,10 +217,12 @@ pub fn combine(
         out.copy_from_slice(recv.or(src).unwrap());
         return;
     }
-    if recv.is_none() && src.is_some() && post.is_none() {
-        // pre-multiplied copy
-        dispatch!(dt, combine_t, op, out, recv, src, post);
-        return;
+    if dt == DataType::F16 && post.is_none() {
+        if let (Some(r), Some(x)) = (recv, src) {
+            if f16_tiles(op, out, r, Some(x)) {
+                return;
+            }
+        }
     }
     dispatch!(dt, combine_t, op, out, recv, src, post)
 }
@@ -183,6 +231,13 @@ pub fn combine(
 pub fn combine_inplace(dt: DataType, op: ReduceOp, inout: &mut [u8], recv: Option<&[u8]>, post: Option<usize>) {
     if recv.is_none() && post.is_none() && !matches!(op, ReduceOp::PreMulSum(_)) {
         return;
+    }
+    if dt == DataType::F16 && post.is_none() {
+        if let Some(r) = recv {
+            if f16_tiles(op, inout, r, None) {
+                return;
+            }
+        }
     }
     dispatch!(dt, combine_inplace_t, op, inout, recv, post)
 }
@@ -265,6 +320,34 @@ mod tests {
                 combine_inplace(dt, op, &mut io, Some(&a), Some(3));
                 assert_eq!(o, io, "{dt:?} {op:?}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod f16_tests {
+    use super::*;
+
+    /// The tiled f16 path equals the per-element path bit for bit, on values that round.
+    #[test]
+    fn f16_tiles_match_elementwise() {
+        let n = 3000;
+        let mk = |k: u32| -> Vec<u8> {
+            let v: Vec<half::f16> = (0..n)
+                .map(|i| half::f16::from_f32(((i as u32 * 2654435761u32).rotate_left(k) % 20011) as f32 / 97.0 - 100.0))
+                .collect();
+            bytemuck::cast_slice(&v).to_vec()
+        };
+        let (a, b) = (mk(3), mk(11));
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+            let mut fast = vec![0u8; a.len()];
+            combine(DataType::F16, op, &mut fast, Some(&a), Some(&b), None);
+            let mut slow = vec![0u8; a.len()];
+            combine_t::<half::f16>(op, &mut slow, Some(&a), Some(&b), None);
+            assert_eq!(fast, slow, "{op:?}");
+            let mut io = b.clone();
+            combine_inplace(DataType::F16, op, &mut io, Some(&a), None);
+            assert_eq!(io, slow, "{op:?} in place");
         }
     }
 }
