@@ -1,4 +1,5 @@
 //! The fused reduction kernel against memcpy, on cache-resident (256 KiB) and memory-bound
+#![allow(missing_docs)] // criterion_group! generates undocumented items
 //! (64 MiB) buffers. Bandwidth counts bytes read + written, as `membw.c` does.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use oxccl::reduce::{combine, combine_inplace};
