@@ -328,6 +328,14 @@ impl Communicator {
         &self.sh.peers
     }
 
+    /// Bytes of memory this communicator holds in connection buffers (shared-memory rings it
+    /// owns and socket buffers), the part that grows with the number of peers.
+    pub fn memory_bytes(&self) -> usize {
+        let st = self.sh.state.lock().unwrap();
+        st.conns.send.iter().flatten().map(|c| c.memory()).sum::<usize>()
+            + st.conns.recv.iter().flatten().map(|c| c.memory()).sum::<usize>()
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.sh.cfg

@@ -38,6 +38,8 @@ struct Opts {
     hosts: usize,
     netns: Vec<String>,
     list: Vec<usize>,
+    bound: bool,
+    algo: Option<String>,
 }
 
 const ALL_COLLS: [&str; 9] =
@@ -58,7 +60,8 @@ fn usage() -> String {
     "usage: oxccl-perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n\
      \x20                 [-o sum|prod|min|max|avg|premulsum|all] [-d TYPE|all] [-r ROOT|all]\n\
      \x20                 [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|all]\n\
-     \x20                 [-s SIZE,SIZE,...] [--np N] [--hosts H] [--netns NS1,NS2,...]"
+     \x20                 [-s SIZE,SIZE,...] [--np N] [--hosts H] [--netns NS1,NS2,...]\n\
+     \x20                 [--algo ring|recdouble|...] [--bound]"
         .into()
 }
 
@@ -79,6 +82,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         hosts: 1,
         netns: vec![],
         list: vec![],
+        bound: false,
+        algo: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -145,6 +150,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                     return Err("empty -s list".into());
                 }
             }
+            "--bound" => o.bound = true,
+            "--algo" => o.algo = Some(val()?),
             "--np" => o.np = Some(val()?.parse().map_err(|_| "bad --np")?),
             "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
             "--netns" => o.netns = val()?.split(',').map(String::from).filter(|s| !s.is_empty()).collect(),
@@ -317,6 +324,40 @@ fn combine_ranks(c: &Communicator, us: f64, wrong: usize) -> oxccl::Result<(f64,
     Ok((t[0] / c.size() as f64, w[0] as usize))
 }
 
+/// Memcpy bandwidth (bytes read + written per second) at `bytes`, measured by every rank at
+/// the same time (so ranks share the memory system as they do in the collective).
+fn memcpy_bw(c: &Communicator, bytes: usize) -> oxccl::Result<f64> {
+    let bytes = bytes.max(64);
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src);
+    let reps = ((256usize << 20) / bytes).clamp(3, 20000);
+    c.barrier()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        dst.copy_from_slice(std::hint::black_box(&src));
+    }
+    let bw = 2.0 * bytes as f64 * reps as f64 / t.elapsed().as_secs_f64();
+    std::hint::black_box(&dst);
+    let mut m = [bw];
+    c.all_reduce_inplace(&mut m, ReduceOp::Min)?;
+    Ok(m[0])
+}
+
+/// The memory-traffic ceiling of busbw (docs/algorithms.md): each rank must at least read its
+/// input and write its output once; at the memcpy bandwidth of this size that takes
+/// `(in + out) / bw`.
+fn bound_busbw(name: &str, n: usize, total: usize, bw: f64) -> f64 {
+    let (inb, outb) = match name {
+        "allgather" => (total / n, total),
+        "reducescatter" => (total, total / n),
+        "gather" | "scatter" => (total / n, total / n),
+        _ => (total, total),
+    };
+    let t = (inb + outb) as f64 / bw;
+    total as f64 / t / 1e9 * bus_factor(name, n)
+}
+
 fn sizes(o: &Opts) -> Vec<usize> {
     if !o.list.is_empty() {
         return o.list.clone();
@@ -427,6 +468,10 @@ fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
                                 None => cols += &format!("  {:>7}  {:>6}  {:>6}  {:>6}", "N/A", "N/A", "N/A", "N/A"),
                             }
                         }
+                        if o.bound {
+                            let bw = memcpy_bw(c, total)?;
+                            cols += &format!("  bound {:6.2}", bound_busbw(name, n, total, bw));
+                        }
                         if lead {
                             let root_col = if coll.rooted() && *name != "sendrecv" { root as i64 } else { -1 };
                             println!(
@@ -441,7 +486,13 @@ fn run_rank(c: &Communicator, o: &Opts) -> oxccl::Result<usize> {
             }
         }
     }
+    let mut mem = [c.memory_bytes() as u64];
+    c.all_reduce_inplace(&mut mem, ReduceOp::Max)?;
     if lead {
+        println!(
+            "# Connection memory    : {:.2} MiB per communicator (largest rank: shm rings owned + socket buffers)",
+            mem[0] as f64 / (1 << 20) as f64
+        );
         println!("# Out of bounds values : 0 OK");
         println!("# Avg bus bandwidth    : {:.4}", if bw_n > 0 { bw_sum / bw_n as f64 } else { 0.0 });
         println!("#");
@@ -550,6 +601,10 @@ fn main() -> ExitCode {
         }
         return launch(o.np.unwrap_or(2), o.hosts, &o.netns, &args);
     }
+    if let Some(a) = &o.algo {
+        std::env::set_var("OXCCL_ALGO", a);
+    }
+    let t_init = Instant::now();
     let comm = if under_launcher {
         let id = UniqueId::from_hex(&std::env::var("OXCCL_PERF_ID").unwrap());
         let rank = std::env::var("OXCCL_PERF_RANK").ok().and_then(|v| v.parse().ok());
@@ -561,6 +616,7 @@ fn main() -> ExitCode {
     } else {
         Communicator::from_env()
     };
+    let init_ms = t_init.elapsed().as_secs_f64() * 1e3;
     let comm = match comm {
         Ok(c) => c,
         Err(e) => {
@@ -568,6 +624,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut t = [init_ms];
+    if comm.all_reduce_inplace(&mut t, ReduceOp::Max).is_ok() && comm.rank() == 0 {
+        println!("# Init time            : {:.1} ms (slowest of {} ranks)", t[0], comm.size());
+    }
     match run_rank(&comm, &o) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,

@@ -183,6 +183,10 @@ pub trait SendConn: Send {
     fn arm(&mut self) -> Result<Option<wait::WaitSource>>;
     /// Undo [`SendConn::arm`] after waking.
     fn disarm(&mut self);
+    /// Bytes of memory this half owns (buffers; shared segments are counted by their owner).
+    fn memory(&self) -> usize {
+        0
+    }
 }
 
 /// The receiving half of a connection.
@@ -196,6 +200,10 @@ pub trait RecvConn: Send {
     fn arm(&mut self) -> Result<Option<wait::WaitSource>>;
     /// Undo [`RecvConn::arm`] after waking.
     fn disarm(&mut self);
+    /// Bytes of memory this half owns (buffers, shared segments it allocated).
+    fn memory(&self) -> usize {
+        0
+    }
 }
 
 /// A receive side that has published its setup blob and waits for the sender.

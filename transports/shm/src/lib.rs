@@ -284,6 +284,10 @@ impl RecvConn for ShmRecv {
     fn disarm(&mut self) {
         self.seg.u32_at(OFF_RECEIVER_WAITING).store(0, Ordering::Relaxed);
     }
+
+    fn memory(&self) -> usize {
+        seg_len(&self.cfg)
+    }
 }
 
 impl Drop for ShmRecv {

@@ -408,6 +408,10 @@ impl SendConn for TcpSend {
     }
 
     fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.bufs.iter().map(|b| b.len()).sum()
+    }
 }
 
 struct TcpRecv {
@@ -502,6 +506,10 @@ impl RecvConn for TcpRecv {
     }
 
     fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.buf.len()
+    }
 }
 
 #[cfg(test)]
