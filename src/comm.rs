@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     spin: std::time::Duration,
     yield_for: std::time::Duration,
     algos: Vec<crate::schedule::Algo>,
+    /// Host index of every rank (hosts numbered in order of their lowest rank).
+    host_of: Vec<usize>,
     last_choice: Mutex<Option<(Coll, crate::schedule::Algo)>>,
     rank: usize,
     nranks: usize,
@@ -215,8 +217,25 @@ impl Communicator {
         let comm_id = comm_id_of(&prefix);
         let algos = match &cfg.algo {
             Some(spec) => crate::config::parse_algos(spec).map_err(|e| e.with_rank(rank))?,
-            None => vec![crate::schedule::Algo::Ring, crate::schedule::Algo::RecursiveDoubling],
+            None => {
+                vec![
+                    crate::schedule::Algo::Ring,
+                    crate::schedule::Algo::RecursiveDoubling,
+                    crate::schedule::Algo::Hierarchical,
+                ]
+            }
         };
+        let mut host_ids: Vec<u64> = Vec::new();
+        let host_of: Vec<usize> = peers
+            .iter()
+            .map(|p| match host_ids.iter().position(|h| *h == p.host_id) {
+                Some(i) => i,
+                None => {
+                    host_ids.push(p.host_id);
+                    host_ids.len() - 1
+                }
+            })
+            .collect();
         if let Some(p) = &cfg.proto {
             crate::config::check_proto(p).map_err(|e| e.with_rank(rank))?;
         }
@@ -235,6 +254,7 @@ impl Communicator {
         let tcp = TcpTransport::new(ctx, TcpConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes }, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
+                host_of,
                 spin,
                 yield_for,
                 algos,
@@ -792,36 +812,42 @@ impl Shared {
 
     /// The tuner: the algorithm for `coll` on `bytes` per rank buffer. Deterministic mode forces
     /// the ordered schedules for reductions; otherwise an α-β model picks among the allowed
-    /// algorithms, with the constants of the slowest link kind in the communicator.
+    /// algorithms (ring, recursive doubling, hierarchical when ranks share hosts across several
+    /// hosts), with shared-memory constants inside a host and network constants between hosts.
     pub(crate) fn choose_algo(&self, coll: Coll, bytes: usize) -> crate::schedule::Algo {
         use crate::schedule::Algo;
         let algo = if self.cfg.deterministic && coll.reduces() {
             Algo::Ordered
-        } else if coll != Coll::AllReduce || self.algos.len() == 1 {
-            if coll == Coll::AllReduce {
-                self.algos[0]
-            } else {
-                Algo::Ring
-            }
+        } else if coll != Coll::AllReduce {
+            Algo::Ring
+        } else if self.algos.len() == 1 {
+            self.algos[0]
         } else {
             let t = &self.cfg.tuner;
-            let one_host = self.peers.iter().all(|p| p.host_id == self.peers[0].host_id);
-            let (alpha, beta) = if one_host && !self.cfg.shm_disable {
-                (t.shm_alpha_us, t.shm_beta_gbps * 1e3)
-            } else {
-                (t.net_alpha_us, t.net_beta_gbps * 1e3)
-            };
+            let hosts = self.host_of.iter().max().map_or(1, |m| m + 1);
             let n = self.nranks as f64;
-            let s = bytes as f64; // bytes, beta in bytes/us
+            let h = hosts as f64;
+            let g = (0..hosts).map(|x| self.host_of.iter().filter(|&&y| y == x).count()).max().unwrap_or(1) as f64;
+            let s = bytes as f64; // bytes; betas in bytes/µs
+            let (sa, sb) = (t.shm_alpha_us, t.shm_beta_gbps * 1e3);
+            let (na, nb) = (t.net_alpha_us, t.net_beta_gbps * 1e3);
+            let one_host = hosts == 1 && !self.cfg.shm_disable;
+            let (alpha, beta) = if one_host { (sa, sb) } else { (na, nb) };
             let ring = 2.0 * (n - 1.0) * alpha + 2.0 * (n - 1.0) / n * s / beta;
             let p2 = (1usize << (usize::BITS - 1 - self.nranks.leading_zeros())) as f64;
-            let hops = p2.log2() + if p2 < n { 2.0 } else { 0.0 };
-            let rd = hops * (alpha + s / beta);
-            if rd < ring {
-                Algo::RecursiveDoubling
+            let rd = (p2.log2() + if p2 < n { 2.0 } else { 0.0 }) * (alpha + s / beta);
+            let hier = if hosts > 1 && hosts < self.nranks {
+                2.0 * ((g - 1.0) * sa + s / sb) + 2.0 * (h - 1.0) * na + 2.0 * (h - 1.0) / h * s / nb
             } else {
-                Algo::Ring
+                f64::INFINITY
+            };
+            let mut best = (f64::INFINITY, Algo::Ring);
+            for (cost, a) in [(ring, Algo::Ring), (rd, Algo::RecursiveDoubling), (hier, Algo::Hierarchical)] {
+                if self.algos.contains(&a) && cost < best.0 {
+                    best = (cost, a);
+                }
             }
+            best.1
         };
         let mut last = self.last_choice.lock().unwrap();
         if *last != Some((coll, algo)) {
@@ -976,7 +1002,7 @@ impl<'a> Group<'a> {
                 let sched = match st.sched_cache.get(&key) {
                     Some(s) => s.clone(),
                     None => {
-                        let s = Arc::new(build(&Params {
+                        let params = Params {
                             coll: d.coll,
                             nranks: sh.nranks,
                             rank: sh.rank,
@@ -985,7 +1011,12 @@ impl<'a> Group<'a> {
                             chunk,
                             avg,
                             algo,
-                        }));
+                        };
+                        let s = Arc::new(if algo == crate::schedule::Algo::Hierarchical {
+                            crate::schedule::build_hierarchical(&params, &sh.host_of)
+                        } else {
+                            build(&params)
+                        });
                         if st.sched_cache.len() >= 256 {
                             st.sched_cache.clear();
                         }

@@ -134,23 +134,24 @@ pub fn parse_algos(spec: &str) -> crate::Result<Vec<crate::schedule::Algo>> {
         let a = match name.as_str() {
             "ring" => Algo::Ring,
             "recdouble" | "recursivedoubling" | "rd" => Algo::RecursiveDoubling,
+            "hierarchical" | "hier" => Algo::Hierarchical,
             "tree" | "collnetdirect" | "collnetchain" | "nvls" | "nvlstree" | "pat" => {
                 if exclude {
                     continue; // excluding what we do not have is fine
                 }
                 return Err(crate::Error::invalid_usage(format!(
-                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble"
+                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble, hierarchical"
                 )));
             }
             other => {
                 return Err(crate::Error::invalid_argument(format!(
-                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble"
+                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble, hierarchical"
                 )))
             }
         };
         named.push(a);
     }
-    let all = [Algo::Ring, Algo::RecursiveDoubling];
+    let all = [Algo::Ring, Algo::RecursiveDoubling, Algo::Hierarchical];
     let allowed: Vec<Algo> = all.into_iter().filter(|a| named.contains(a) != exclude).collect();
     if allowed.is_empty() {
         return Err(crate::Error::invalid_usage(format!("OXCCL_ALGO/NCCL_ALGO={spec:?} leaves no algorithm")));
@@ -184,12 +185,12 @@ mod tests {
     fn algo_syntax() {
         assert_eq!(parse_algos("ring").unwrap(), vec![Algo::Ring]);
         assert_eq!(parse_algos("Ring,RecDouble").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling]);
-        assert_eq!(parse_algos("^ring").unwrap(), vec![Algo::RecursiveDoubling]);
-        assert_eq!(parse_algos("^tree").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling]);
+        assert_eq!(parse_algos("^ring").unwrap(), vec![Algo::RecursiveDoubling, Algo::Hierarchical]);
+        assert_eq!(parse_algos("^tree").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Hierarchical]);
         let e = parse_algos("Tree").unwrap_err();
         assert!(e.to_string().contains("not implemented"), "{e}");
         assert!(parse_algos("bogus").is_err());
-        assert!(parse_algos("^ring,rd").is_err());
+        assert!(parse_algos("^ring,rd,hier").is_err());
         assert!(check_proto("Simple").is_ok());
         assert!(check_proto("^LL,LL128").is_ok());
         assert!(check_proto("LL").unwrap_err().to_string().contains("only the Simple"));

@@ -46,13 +46,17 @@ pub struct Case {
     pub depth: usize,
     /// Algorithm of the reducing collectives.
     pub algo: crate::schedule::Algo,
+    /// Hosts the ranks are spread over (contiguously: rank r on host r * hosts / n), for the
+    /// hierarchical algorithm; 1 otherwise.
+    pub hosts: usize,
 }
 
 /// Schedules of every rank for `case`.
 pub fn schedules(case: &Case) -> Vec<Schedule> {
+    let host_of: Vec<usize> = (0..case.nranks).map(|r| r * case.hosts.max(1) / case.nranks).collect();
     (0..case.nranks)
         .map(|rank| {
-            build(&Params {
+            let p = Params {
                 coll: case.coll,
                 nranks: case.nranks,
                 rank,
@@ -61,7 +65,12 @@ pub fn schedules(case: &Case) -> Vec<Schedule> {
                 chunk: case.chunk,
                 avg: case.avg,
                 algo: case.algo,
-            })
+            };
+            if case.algo == crate::schedule::Algo::Hierarchical {
+                crate::schedule::build_hierarchical(&p, &host_of)
+            } else {
+                build(&p)
+            }
         })
         .collect()
 }

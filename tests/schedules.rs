@@ -60,6 +60,7 @@ fn symbolic_every_rank_count_size_and_root() {
                                 avg: coll.reduces() && count % 2 == 1,
                                 depth: 2,
                                 algo: Algo::Ring,
+                                hosts: 1,
                             };
                             if let Err(e) = check_symbolic(&case) {
                                 panic!("{case:?}: {e}");
@@ -90,6 +91,7 @@ fn symbolic_large_counts() {
                 avg: false,
                 depth: 2,
                 algo: Algo::Ring,
+                hosts: 1,
             };
             if let Err(e) = check_symbolic(&case) {
                 panic!("{case:?}: {e}");
@@ -125,6 +127,7 @@ fn numeric_every_type_and_op_through_the_executor_step() {
                                 avg: op == ReduceOp::Avg,
                                 depth: 2,
                                 algo: Algo::Ring,
+                                hosts: 1,
                             };
                             if let Err(e) = check_numeric(&case, dt, op) {
                                 panic!("{case:?} {dt:?} {op:?}: {e}");
@@ -149,6 +152,7 @@ fn broken_schedules_are_caught() {
         avg: false,
         depth: 2,
         algo: Algo::Ring,
+        hosts: 1,
     };
     // drop a step: unreceived messages or deadlock
     let mut s = schedules(&case);
@@ -296,7 +300,7 @@ mod props {
             op_i in 0usize..6,
             inplace in any::<bool>(),
             depth in 2usize..5,
-            algo in prop::sample::select(vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered]),
+            algo in prop::sample::select(vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered, Algo::Hierarchical]),
         ) {
             let op = if coll.reduces() {
                 if op_i == 5 { premul_two(dt) } else { ReduceOp::BASIC[op_i] }
@@ -304,7 +308,7 @@ mod props {
                 ReduceOp::Sum
             };
             let inplace = inplace && inplace_ok(coll);
-            let case = Case { coll, nranks: n, count, root: root_seed % n, chunk, inplace, avg: op == ReduceOp::Avg, depth, algo };
+            let case = Case { coll, nranks: n, count, root: root_seed % n, chunk, inplace, avg: op == ReduceOp::Avg, depth, algo, hosts: 1 + root_seed % n };
             prop_assert!(check_symbolic(&case).is_ok(), "{:?}", check_symbolic(&case));
             let r = check_numeric(&case, dt, op);
             prop_assert!(r.is_ok(), "{case:?} {dt:?} {op:?}: {r:?}");
@@ -338,6 +342,7 @@ fn other_algorithms_in_the_simulator() {
                                     avg: count % 2 == 1,
                                     depth: 2,
                                     algo,
+                                    hosts: 1,
                                 };
                                 if let Err(e) = check_symbolic(&case) {
                                     panic!("{case:?}: {e}");
@@ -363,11 +368,59 @@ fn other_algorithms_in_the_simulator() {
                                 avg: op == ReduceOp::Avg,
                                 depth: 2,
                                 algo,
+                                hosts: 1,
                             };
                             if let Err(e) = check_numeric(&case, dt, op) {
                                 panic!("{case:?} {dt:?} {op:?}: {e}");
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Hierarchical all-reduce over every host layout (hosts 1..=n) for 1..=12 ranks.
+#[test]
+fn hierarchical_in_the_simulator() {
+    for n in 1..=12 {
+        for hosts in 1..=n {
+            for count in [0, 1, n, 3 * n + 1, 97] {
+                for inplace in [false, true] {
+                    let case = Case {
+                        coll: Coll::AllReduce,
+                        nranks: n,
+                        count,
+                        root: 0,
+                        chunk: 4,
+                        inplace,
+                        avg: count % 2 == 1,
+                        depth: 2,
+                        algo: Algo::Hierarchical,
+                        hosts,
+                    };
+                    if let Err(e) = check_symbolic(&case) {
+                        panic!("{case:?}: {e}");
+                    }
+                }
+            }
+            for dt in [DataType::F32, DataType::BF16, DataType::I8, DataType::F8E5M2] {
+                for op in ReduceOp::BASIC.into_iter().chain([premul_two(dt)]) {
+                    let case = Case {
+                        coll: Coll::AllReduce,
+                        nranks: n,
+                        count: 2 * n + 5,
+                        root: 0,
+                        chunk: 3,
+                        inplace: n % 2 == 0,
+                        avg: op == ReduceOp::Avg,
+                        depth: 2,
+                        algo: Algo::Hierarchical,
+                        hosts,
+                    };
+                    if let Err(e) = check_numeric(&case, dt, op) {
+                        panic!("{case:?} {dt:?} {op:?}: {e}");
                     }
                 }
             }

@@ -147,3 +147,38 @@ fn unique_id_from_the_environment() {
         assert!(k.wait_with_output().unwrap().status.success());
     }
 }
+
+/// Hierarchical all-reduce (shm inside a host id, TCP between), forced, on even and uneven
+/// layouts; and the tuner's own choice on the same layouts.
+#[test]
+fn hierarchical_allreduce_over_host_layouts() {
+    let args = [
+        "--coll",
+        "allreduce",
+        "-d",
+        "all",
+        "-o",
+        "all",
+        "-b",
+        "1",
+        "-e",
+        "1M",
+        "-f",
+        "64",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "-c",
+        "1",
+    ];
+    for (np, hosts) in [(4, 2), (5, 2), (6, 3)] {
+        let h = hosts.to_string();
+        let mut forced = args.to_vec();
+        forced.extend(["--hosts", &h, "--algo", "hierarchical"]);
+        perf(np, &forced, &[]);
+        let mut tuned = args.to_vec();
+        tuned.extend(["--hosts", &h]);
+        perf(np, &tuned, &[]);
+    }
+}
