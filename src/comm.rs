@@ -805,9 +805,57 @@ impl<'s> Setup<'s> {
 }
 
 impl Shared {
-    /// Record the first error (sticky).
+    /// Record the first error (sticky). The first time, also close every connection, so peers
+    /// waiting on this rank fail at once instead of at their timeout (and theirs close in turn),
+    /// and publish the error in the store (in the background: the store may be gone too), so
+    /// every rank can name the first failure.
     pub(crate) fn set_error(&self, e: Error) {
-        self.state.lock().unwrap().error.get_or_insert(e);
+        let conns = {
+            let mut st = self.state.lock().unwrap();
+            if st.error.is_some() {
+                return;
+            }
+            st.error = Some(e.clone());
+            std::mem::replace(&mut st.conns, Conns::new(self.nranks))
+        };
+        let mut conns = conns;
+        conns.send.iter_mut().flatten().for_each(|c| c.abort());
+        conns.recv.iter_mut().flatten().for_each(|c| c.abort());
+        drop(conns);
+        if e.message.contains(oxccl_transport::PEER_ABORTED) {
+            return; // a cascade, not a cause: the cause is published by the rank that saw it
+        }
+        let store = self.store.clone();
+        let key = format!("{}/failed", self.prefix);
+        let msg = e.to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
+            if let Ok(k) = store.add(&format!("{key}/count"), 1) {
+                let _ = store.set(&format!("{key}/{k}"), msg.as_bytes());
+            }
+            let _ = tx.send(());
+        });
+        // wait for the report (the process may exit right after the error), but never long
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
+    }
+
+    /// For an error caused by a peer closing its connections, add the first failure reported in
+    /// this communicator (waits at most 2 s for it).
+    pub(crate) fn with_root_cause(&self, mut e: Error) -> Error {
+        if !e.message.contains(oxccl_transport::PEER_ABORTED) {
+            return e;
+        }
+        let store = self.store.clone();
+        let key = format!("{}/failed/1", self.prefix);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
+            let _ = tx.send(store.get(&key, std::time::Duration::from_secs(2)));
+        });
+        if let Ok(Ok(v)) = rx.recv_timeout(std::time::Duration::from_millis(2100)) {
+            e.message =
+                format!("{} (first failure reported in this communicator: {})", e.message, String::from_utf8_lossy(&v));
+        }
+        e
     }
 
     /// The tuner: the algorithm for `coll` on `bytes` per rank buffer. Deterministic mode forces
@@ -953,13 +1001,15 @@ impl<'a> Group<'a> {
         let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
-        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline });
-        if let Err(e) = &res {
-            for sh in &shareds {
-                sh.set_error(e.clone());
+        match drive(&shareds, &mut runs, Policy { spin, yield_for, deadline }) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                for sh in &shareds {
+                    sh.set_error(e.clone());
+                }
+                Err(shareds[0].with_root_cause(e))
             }
         }
-        res
     }
 
     /// Distinct communicators, in first-use order.

@@ -658,6 +658,39 @@ pub(crate) fn block<C: DriveComm>(
         wait_any(&sources, left.min(Duration::from_millis(500)))?;
     }
     disarm(comms, &armed);
+    // a peer that died without closing anything (shared memory) is noticed here; a peer that
+    // finished and exited normally has already delivered what we wait for, so only a connection
+    // that is still not ready counts
+    for &(ci, b) in &armed {
+        let r = comms[ci].with_conns(|conns| match b {
+            Blocked::Recv(p) => conns.recv[p].as_mut().map_or(Ok(()), |c| match c.check_peer() {
+                Err(e) => match c.arm() {
+                    Ok(None) => Ok(()),
+                    _ => {
+                        c.disarm();
+                        Err(e)
+                    }
+                },
+                Ok(()) => Ok(()),
+            }),
+            Blocked::Send(q) => conns.send[q].as_mut().map_or(Ok(()), |c| match c.check_peer() {
+                Err(e) => match c.arm() {
+                    Ok(None) => Ok(()),
+                    _ => {
+                        c.disarm();
+                        Err(e)
+                    }
+                },
+                Ok(()) => Ok(()),
+            }),
+        });
+        if let Err(e) = r {
+            let p = match b {
+                Blocked::Recv(p) | Blocked::Send(p) => p,
+            };
+            return Err(e.with_peer(p).with_rank(comms[ci].rank()));
+        }
+    }
     Ok(())
 }
 

@@ -152,3 +152,72 @@ fn nothing_leaks_after_kill_9_mid_collective() {
     }
     assert_eq!(dev_shm(), shm_before, "/dev/shm changed");
 }
+
+#[test]
+fn survivors_detect_a_killed_rank_quickly_and_name_it() {
+    const T: &str = "survivors_detect_a_killed_rank_quickly_and_name_it";
+    if let Some((rank, n, id)) = role(T) {
+        let c = Communicator::init(&id, n, rank).unwrap();
+        let mut v = vec![1.0f32; 1 << 18];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        println!("READY");
+        loop {
+            let t = Instant::now();
+            if let Err(e) = c.all_reduce_inplace(&mut v, ReduceOp::Sum) {
+                println!("FAILED after {} ms: {e}", t.elapsed().as_millis());
+                return;
+            }
+        }
+    }
+    let _g = lock();
+    for (n, env) in [
+        (4, vec![("OXCCL_HOSTID", "one")]),
+        (4, vec![("NCCL_SHM_DISABLE", "1")]),
+        (4, vec![]), // each rank its own host id below: mixed by pairs
+        (8, vec![("OXCCL_HOSTID", "one")]),
+    ] {
+        let id =
+            UniqueId::with_config(&oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() }).unwrap();
+        let mixed = env.is_empty();
+        let mut kids: Vec<Child> = (0..n)
+            .map(|r| {
+                let host = format!("h{}", r / 2);
+                let mut e: Vec<(&str, &str)> = env.clone();
+                if mixed {
+                    e.push(("OXCCL_HOSTID", &host));
+                }
+                let mut c = Command::new(std::env::current_exe().unwrap());
+                c.args([T, "--exact", "--nocapture", "--test-threads=1"])
+                    .env("OXCCL_TEST_ROLE", T)
+                    .env("OXCCL_TEST_RANK", r.to_string())
+                    .env("OXCCL_TEST_NRANKS", n.to_string())
+                    .env("OXCCL_TEST_ID", id.to_hex())
+                    .env("OXCCL_SOCKET_IFNAME", "lo")
+                    .env_remove("OXCCL_TIMEOUT") // the default (10 min) is in force
+                    .stdout(Stdio::piped());
+                for (k, v) in e {
+                    c.env(k, v);
+                }
+                c.spawn().unwrap()
+            })
+            .collect();
+        for k in &mut kids {
+            wait_line(k, "READY");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        let _ = kids[2].kill();
+        let _ = kids[2].wait();
+        for (r, k) in kids.into_iter().enumerate() {
+            if r == 2 {
+                continue;
+            }
+            let out = k.wait_with_output().unwrap();
+            let s = String::from_utf8_lossy(&out.stdout);
+            let line =
+                s.lines().find(|l| l.starts_with("FAILED")).unwrap_or_else(|| panic!("rank {r} did not fail: {s}"));
+            assert!(line.contains("rank 2"), "n={n} {env:?}: rank {r} does not name rank 2: {line}");
+            assert!(t.elapsed() < Duration::from_secs(5), "n={n} {env:?}: took {:?}", t.elapsed());
+        }
+    }
+}

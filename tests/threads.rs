@@ -286,9 +286,11 @@ fn timeout_names_the_missing_peer() {
         if c.rank() != 2 {
             let t = Instant::now();
             let e = c.all_reduce_inplace(&mut [1i32; 4], ReduceOp::Sum).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+            // the first rank to time out reports Timeout; the other, woken by its abort, a remote
+            // error quoting it: both name the missing rank
+            assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Remote), "{e}");
             assert!(t.elapsed() < Duration::from_secs(5));
-            assert!(e.to_string().contains("rank"), "{e}");
+            assert!(e.to_string().contains("waiting for data from rank 2"), "{e}");
         }
     });
 }

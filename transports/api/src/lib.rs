@@ -46,6 +46,13 @@ pub const HEADER_BYTES: usize = 40;
 /// Magic (and version) of every frame header.
 pub const HEADER_MAGIC: u32 = 0x0CC1_0001;
 
+/// Message text of the error a rank sees when its peer closed its connections because of a
+/// failure of its own (a cascade, not a root cause).
+pub const PEER_ABORTED: &str = "aborted its connections after a failure of its own";
+
+/// `step` value of the frame a rank sends before it closes a connection because it failed.
+pub const ABORT_STEP: u32 = u32::MAX;
+
 /// Header of every message on every transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Header {
@@ -187,6 +194,14 @@ pub trait SendConn: Send {
     fn memory(&self) -> usize {
         0
     }
+    /// Whether the peer is still there, for transports that cannot see a dead peer otherwise
+    /// (shared memory: a killed process closes nothing). Called when a wait wakes.
+    fn check_peer(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Tell the peer, best effort and without blocking, that this rank is closing the
+    /// connection because it failed (its next receive reports [`PEER_ABORTED`]).
+    fn abort(&mut self) {}
 }
 
 /// The receiving half of a connection.
@@ -204,6 +219,12 @@ pub trait RecvConn: Send {
     fn memory(&self) -> usize {
         0
     }
+    /// Whether the peer is still there (see [`SendConn::check_peer`]).
+    fn check_peer(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Tell the sender this rank is closing because it failed (see [`SendConn::abort`]).
+    fn abort(&mut self) {}
 }
 
 /// A receive side that has published its setup blob and waits for the sender.
@@ -246,6 +267,17 @@ pub fn verify_proof(secret: &[u8; 32], context: &[u8], claimed: &[u8]) -> bool {
     let mut c = [0u8; 32];
     c.copy_from_slice(claimed);
     blake3::keyed_hash(secret, context) == blake3::Hash::from(c)
+}
+
+/// Whether process `pid` is alive (exists and is not a zombie), from `/proc/<pid>/stat`.
+pub fn process_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => false,
+    }
 }
 
 /// Fill a buffer with OS randomness (`/dev/urandom`).

@@ -17,7 +17,8 @@ mod segment;
 
 use oxccl_transport::wait::{ring_fd, Doorbell, WaitSource};
 use oxccl_transport::{
-    Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx, HEADER_BYTES,
+    process_alive, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
+    HEADER_BYTES, PEER_ABORTED,
 };
 use segment::*;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -120,7 +121,7 @@ impl Transport for ShmTransport {
         seg.u32_at(OFF_SENDER_PID).store(std::process::id(), Ordering::Relaxed);
         seg.u32_at(OFF_SENDER_DOORBELL).store(self.doorbell.write_fd() as u32, Ordering::Relaxed);
         seg.u32_at(OFF_ATTACHED).store(1, Ordering::Release);
-        Ok(Box::new(ShmSend { seg, cfg, head: 0, doorbell: self.doorbell.clone(), peer_doorbell }))
+        Ok(Box::new(ShmSend { peer_pid: pid, peer, seg, cfg, head: 0, doorbell: self.doorbell.clone(), peer_doorbell }))
     }
 }
 
@@ -147,11 +148,13 @@ impl PendingRecv for PendingShm {
         let pid = seg.u32_at(OFF_SENDER_PID).load(Ordering::Relaxed);
         let bell = seg.u32_at(OFF_SENDER_DOORBELL).load(Ordering::Relaxed) as i32;
         let peer_doorbell = open_doorbell(pid, bell).map_err(|e| e.with_peer(peer))?;
-        Ok(Box::new(ShmRecv { seg, cfg, tail: 0, doorbell, peer_doorbell, peer }))
+        Ok(Box::new(ShmRecv { peer_pid: pid, seg, cfg, tail: 0, doorbell, peer_doorbell, peer }))
     }
 }
 
 struct ShmSend {
+    peer_pid: u32,
+    peer: usize,
     seg: Segment,
     cfg: ShmConfig,
     head: u64,
@@ -173,8 +176,10 @@ impl SendConn for ShmSend {
 
     fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
         if !self.has_room() {
-            if self.seg.u32_at(OFF_RECEIVER_CLOSED).load(Ordering::Relaxed) != 0 {
-                return Err(Error::remote("the receiver closed the shm ring"));
+            match self.seg.u32_at(OFF_RECEIVER_CLOSED).load(Ordering::Relaxed) {
+                0 => {}
+                2 => return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
+                _ => return Err(Error::remote("the receiver closed the shm ring").with_peer(self.peer)),
             }
             return Ok(None);
         }
@@ -220,16 +225,31 @@ impl SendConn for ShmSend {
     fn disarm(&mut self) {
         self.seg.u32_at(OFF_SENDER_WAITING).store(0, Ordering::Relaxed);
     }
+
+    fn check_peer(&self) -> Result<()> {
+        if process_alive(self.peer_pid) {
+            Ok(())
+        } else {
+            Err(Error::remote(format!("rank {} (pid {}) died: its process is gone", self.peer, self.peer_pid))
+                .with_peer(self.peer))
+        }
+    }
+
+    fn abort(&mut self) {
+        self.seg.u32_at(OFF_SENDER_CLOSED).store(2, Ordering::SeqCst);
+        ring_fd(self.peer_doorbell.as_raw_fd());
+    }
 }
 
 impl Drop for ShmSend {
     fn drop(&mut self) {
-        self.seg.u32_at(OFF_SENDER_CLOSED).store(1, Ordering::SeqCst);
+        let _ = self.seg.u32_at(OFF_SENDER_CLOSED).compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
         ring_fd(self.peer_doorbell.as_raw_fd());
     }
 }
 
 struct ShmRecv {
+    peer_pid: u32,
     seg: Segment,
     cfg: ShmConfig,
     tail: u64,
@@ -247,8 +267,11 @@ impl ShmRecv {
 impl RecvConn for ShmRecv {
     fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
         if !self.has_data() {
-            if self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::Acquire) != 0 && !self.has_data() {
-                return Err(Error::remote("the sender closed the shm ring").with_peer(self.peer));
+            match self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::Acquire) {
+                0 => {}
+                _ if self.has_data() => {}
+                2 => return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
+                _ => return Err(Error::remote("the sender closed the shm ring").with_peer(self.peer)),
             }
             return Ok(None);
         }
@@ -288,11 +311,25 @@ impl RecvConn for ShmRecv {
     fn memory(&self) -> usize {
         seg_len(&self.cfg)
     }
+
+    fn abort(&mut self) {
+        self.seg.u32_at(OFF_RECEIVER_CLOSED).store(2, Ordering::SeqCst);
+        ring_fd(self.peer_doorbell.as_raw_fd());
+    }
+
+    fn check_peer(&self) -> Result<()> {
+        if process_alive(self.peer_pid) {
+            Ok(())
+        } else {
+            Err(Error::remote(format!("rank {} (pid {}) died: its process is gone", self.peer, self.peer_pid))
+                .with_peer(self.peer))
+        }
+    }
 }
 
 impl Drop for ShmRecv {
     fn drop(&mut self) {
-        self.seg.u32_at(OFF_RECEIVER_CLOSED).store(1, Ordering::SeqCst);
+        let _ = self.seg.u32_at(OFF_RECEIVER_CLOSED).compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
         ring_fd(self.peer_doorbell.as_raw_fd());
     }
 }

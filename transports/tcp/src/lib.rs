@@ -375,7 +375,11 @@ impl SendConn for TcpSend {
             let i = self.flushed % n;
             let frame = &self.bufs[i][self.offset..self.lens[i]];
             match self.s.write(frame) {
-                Ok(0) => return Err(Error::remote("TCP connection closed by peer").with_peer(self.peer)),
+                Ok(0) => {
+                    return Err(
+                        Error::remote(format!("rank {} closed the TCP connection", self.peer)).with_peer(self.peer)
+                    )
+                }
                 Ok(w) => {
                     self.offset += w;
                     if self.offset == self.lens[i] {
@@ -386,7 +390,11 @@ impl SendConn for TcpSend {
                 Err(e) if e.kind() == IoKind::WouldBlock => break,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => {
-                    let mut err = Error::system("TCP send", &e).with_peer(self.peer);
+                    let mut err = Error::system(
+                        format!("rank {} is unreachable (process died or connection reset); TCP send", self.peer),
+                        &e,
+                    )
+                    .with_peer(self.peer);
                     err.kind = oxccl_transport::ErrorKind::Remote;
                     return Err(err);
                 }
@@ -411,6 +419,15 @@ impl SendConn for TcpSend {
 
     fn memory(&self) -> usize {
         self.bufs.iter().map(|b| b.len()).sum()
+    }
+
+    fn abort(&mut self) {
+        // a header-only frame with the abort step, if the socket takes it now (after any
+        // partially written frame it would be garbage, so only at a frame boundary)
+        if self.offset == 0 {
+            let h = Header { step: oxccl_transport::ABORT_STEP, ..Default::default() };
+            let _ = self.s.write(&h.encode());
+        }
     }
 }
 
@@ -462,7 +479,11 @@ impl TcpRecv {
                 Err(e) if e.kind() == IoKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => {
-                    let mut err = Error::system("TCP receive", &e).with_peer(self.peer);
+                    let mut err = Error::system(
+                        format!("rank {} is unreachable (process died or connection reset); TCP receive", self.peer),
+                        &e,
+                    )
+                    .with_peer(self.peer);
                     err.kind = oxccl_transport::ErrorKind::Remote;
                     return Err(err);
                 }
@@ -479,11 +500,18 @@ impl RecvConn for TcpRecv {
             got = self.complete()?;
         }
         match got {
+            Some((h, _)) if h.step == oxccl_transport::ABORT_STEP => {
+                Err(Error::remote(format!("rank {} {}", self.peer, oxccl_transport::PEER_ABORTED)).with_peer(self.peer))
+            }
             Some((h, need)) => {
                 let s = self.start + HEADER_BYTES;
                 Ok(Some((h, &self.buf[s..self.start + need])))
             }
-            None if self.eof => Err(Error::remote("TCP connection closed by peer").with_peer(self.peer)),
+            None if self.eof => Err(Error::remote(format!(
+                "rank {} closed the TCP connection unexpectedly (process died or connection reset)",
+                self.peer
+            ))
+            .with_peer(self.peer)),
             None => Ok(None),
         }
     }
