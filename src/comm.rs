@@ -707,8 +707,11 @@ impl Shared {
         }
     }
 
-    /// Wait for a store key in short slices, so abort and the deadline are noticed.
-    fn wait_key(&self, key: &str, deadline: Instant, peer: usize) -> Result<Vec<u8>> {
+    /// Wait for a store key in short slices, so abort and the deadline are noticed. With
+    /// `doing` (this rank's collective as (sequence number, description)), each slice that ends
+    /// without the key also compares with what the peer published: the same sequence number with
+    /// another call, or a peer already past it, is a mismatch, reported at once.
+    fn wait_key(&self, key: &str, deadline: Instant, peer: usize, doing: Option<&(u64, String)>) -> Result<Vec<u8>> {
         loop {
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(Error::invalid_usage("communicator was aborted").with_rank(self.rank));
@@ -716,7 +719,27 @@ impl Shared {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
                 Ok(v) => return Ok(v),
-                Err(e) if e.kind == crate::ErrorKind::Timeout && !left.is_zero() => continue,
+                Err(e) if e.kind == crate::ErrorKind::Timeout && !left.is_zero() => {
+                    if let Some((seq, what)) = doing {
+                        let k = format!("{}/doing/{peer}", self.prefix);
+                        if self.store.check(std::slice::from_ref(&k)).unwrap_or(false) {
+                            let v = self.store.get(&k, std::time::Duration::from_millis(200)).unwrap_or_default();
+                            let v = String::from_utf8_lossy(&v);
+                            if let Some((ps, pw)) = v.split_once('\t') {
+                                let ps: u64 = ps.parse().unwrap_or(0);
+                                if (ps == *seq && pw != what) || ps > *seq {
+                                    return Err(Error::invalid_usage(format!(
+                                        "mismatched operations: rank {} called {what} (op #{seq}) but rank {peer} called {pw} (op #{ps})",
+                                        self.rank
+                                    ))
+                                    .with_rank(self.rank)
+                                    .with_peer(peer));
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
                 Err(e) if e.kind == crate::ErrorKind::Timeout => {
                     return Err(Error::timeout(format!(
                         "connection setup: rank {peer} did not take part within {:.1} s",
@@ -740,6 +763,8 @@ struct Setup<'s> {
     tx: Vec<usize>,
     pending: Vec<(usize, Box<dyn oxccl_transport::PendingRecv>)>,
     deadline: Instant,
+    /// The collective being set up, when the group is a single collective.
+    doing: Option<(u64, String)>,
 }
 
 impl<'s> Setup<'s> {
@@ -747,7 +772,7 @@ impl<'s> Setup<'s> {
         format!("{}/{kind}/{a}->{b}", self.sh.prefix)
     }
 
-    fn new(sh: &'s Shared, rx: &[usize], tx: &[usize]) -> Self {
+    fn new(sh: &'s Shared, rx: &[usize], tx: &[usize], doing: Option<(u64, String)>) -> Self {
         let st = sh.state.lock().unwrap();
         Setup {
             sh,
@@ -755,11 +780,18 @@ impl<'s> Setup<'s> {
             tx: tx.iter().copied().filter(|&q| st.conns.send[q].is_none()).collect(),
             pending: Vec::new(),
             deadline: Instant::now() + sh.cfg.timeout,
+            doing,
         }
     }
 
     fn publish(&mut self) -> Result<()> {
         let (sh, me) = (self.sh, self.sh.rank);
+        if self.rx.is_empty() && self.tx.is_empty() {
+            return Ok(());
+        }
+        if let Some((seq, what)) = &self.doing {
+            sh.store.set(&format!("{}/doing/{me}", sh.prefix), format!("{seq}\t{what}").as_bytes())?;
+        }
         for &p in &self.rx {
             let (pr, blob) = {
                 let st = sh.state.lock().unwrap();
@@ -774,7 +806,7 @@ impl<'s> Setup<'s> {
     fn connect(&mut self) -> Result<()> {
         let (sh, me) = (self.sh, self.sh.rank);
         for &q in &self.tx {
-            let blob = sh.wait_key(&self.key("conn", me, q), self.deadline, q)?;
+            let blob = sh.wait_key(&self.key("conn", me, q), self.deadline, q, self.doing.as_ref())?;
             let mut st = sh.state.lock().unwrap();
             let t = sh.transport_for(&st, q);
             let name = t.name();
@@ -794,7 +826,7 @@ impl<'s> Setup<'s> {
     fn accept(&mut self) -> Result<()> {
         let (sh, me) = (self.sh, self.sh.rank);
         for (p, pr) in std::mem::take(&mut self.pending) {
-            sh.wait_key(&self.key("ack", p, me), self.deadline, p)?;
+            sh.wait_key(&self.key("ack", p, me), self.deadline, p, self.doing.as_ref())?;
             let c = pr.accept(self.deadline).map_err(|e| e.with_rank(me).with_peer(p))?;
             sh.state.lock().unwrap().conns.recv[p] = Some(c);
             let _ = sh.store.delete(&self.key("conn", p, me));
@@ -837,6 +869,34 @@ impl Shared {
         });
         // wait for the report (the process may exit right after the error), but never long
         let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
+    }
+
+    /// After a timeout in collective `seq`: say this rank reached it, give the others up to 1 s
+    /// to say the same, and name the ranks that did not (they never reached the operation).
+    pub(crate) fn census(&self, seq: u64) -> String {
+        let key = |r: usize| format!("{}/reached/{seq}/{r}", self.prefix);
+        let store = self.store.clone();
+        let (me, n) = (self.rank, self.nranks);
+        let prefix_keys: Vec<String> = (0..n).map(key).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
+            let _ = store.set(&prefix_keys[me], b"1");
+            let t = Instant::now();
+            let mut missing: Vec<usize> = (0..n).collect();
+            while t.elapsed() < std::time::Duration::from_secs(1) {
+                missing.retain(|&r| !store.check(std::slice::from_ref(&prefix_keys[r])).unwrap_or(false));
+                if missing.is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = tx.send(missing);
+        });
+        match rx.recv_timeout(std::time::Duration::from_millis(1500)) {
+            Ok(m) if m.is_empty() => format!("every rank reached op #{seq}: a wait inside it never completed"),
+            Ok(m) => format!("ranks {m:?} never reached op #{seq}"),
+            Err(_) => "the bootstrap store did not answer: cannot tell which ranks reached the operation".into(),
+        }
     }
 
     /// For an error caused by a peer closing its connections, add the first failure reported in
@@ -1003,7 +1063,12 @@ impl<'a> Group<'a> {
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
         match drive(&shareds, &mut runs, Policy { spin, yield_for, deadline }) {
             Ok(()) => Ok(()),
-            Err(e) => {
+            Err(mut e) => {
+                if e.kind == crate::ErrorKind::Timeout {
+                    if let Some(r) = runs.iter().find(|r| !r.done() && !matches!(r.fp.coll, Coll::Send | Coll::Recv)) {
+                        e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq));
+                    }
+                }
                 for sh in &shareds {
                     sh.set_error(e.clone());
                 }
@@ -1096,7 +1161,12 @@ impl<'a> Group<'a> {
                 rx.dedup();
                 tx.sort_unstable();
                 tx.dedup();
-                Setup::new(sh, &rx, &tx)
+                let mine: Vec<&OpRun<'_>> = runs.iter().filter(|r| r.comm == ci).collect();
+                let doing = match mine.as_slice() {
+                    [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp.to_string())),
+                    _ => None,
+                };
+                Setup::new(sh, &rx, &tx, doing)
             })
             .collect();
         let phased = (|| -> Result<()> {

@@ -164,8 +164,14 @@ pub struct Fingerprint {
 impl Fingerprint {
     /// The `call` word: operation, type, reduce op and root packed in 32 bits.
     pub fn call_word(&self) -> u32 {
-        let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { (self.root as u32) & 0xFFFFF };
-        self.coll.code() | (self.dtype as u32) << 4 | self.op.code() << 8 | root << 12
+        let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { (self.root as u32) & 0x3FFFF };
+        let algo = match self.algo {
+            Algo::Ring => 0,
+            Algo::RecursiveDoubling => 1,
+            Algo::Ordered => 2,
+            Algo::Hierarchical => 3,
+        };
+        self.coll.code() | (self.dtype as u32) << 4 | self.op.code() << 8 | algo << 12 | root << 14
     }
 
     /// Describe a peer's (count, call) pair for messages.
@@ -194,7 +200,14 @@ impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = if matches!(self.coll, Coll::Send | Coll::Recv) { "send/recv" } else { self.coll.name() };
         let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { self.root };
-        write!(f, "{name}(type={}, count={}, op={}, root={root})", self.dtype.name(), self.count, self.op.name())
+        write!(
+            f,
+            "{name}(type={}, count={}, op={}, root={root}, algo={})",
+            self.dtype.name(),
+            self.count,
+            self.op.name(),
+            self.algo.name()
+        )
     }
 }
 

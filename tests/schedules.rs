@@ -427,3 +427,16 @@ fn hierarchical_in_the_simulator() {
         }
     }
 }
+
+#[test]
+fn fingerprints_decode_to_the_call() {
+    use oxccl::schedule::Fingerprint;
+    for algo in [Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered, Algo::Hierarchical] {
+        for root in [0, 1, 5, 200_000] {
+            let fp =
+                Fingerprint { coll: Coll::Broadcast, dtype: DataType::BF16, op: ReduceOp::Max, root, count: 77, algo };
+            let wire = Fingerprint::describe_wire(77, fp.call_word());
+            assert_eq!(wire, fp.to_string(), "{algo:?} root {root}");
+        }
+    }
+}

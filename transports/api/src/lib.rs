@@ -322,3 +322,35 @@ mod tests {
         assert!(!verify_proof(&s, b"ctx", &p[..31]));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+
+    /// Decoders take any bytes without panicking, and accept only well-formed input.
+    #[test]
+    fn decoders_survive_random_bytes() {
+        let mut z = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        let mut accepted = 0;
+        for i in 0..200_000 {
+            let len = (next() % 64) as usize;
+            let mut b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if i % 4 == 0 && b.len() >= 4 {
+                b[..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes()); // get past the magic sometimes
+            }
+            if let Ok(h) = Header::decode(&b, 1 << 20) {
+                assert!(h.len <= 1 << 20);
+                assert_eq!(Header::decode(&h.encode(), 1 << 20).unwrap(), h);
+                accepted += 1;
+            }
+            let _ = PeerInfo::decode(&b);
+        }
+        assert!(accepted > 0, "the fuzzer reached the accepting path");
+    }
+}
