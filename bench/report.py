@@ -37,6 +37,8 @@ def parse(out):
             elif len(p) >= 8 and p[0].isdigit() and p[2] in ("float", "float32"):
                 try:
                     data[cfg][int(p[0])].append((float(p[5]), float(p[7])))
+                    if cfg.startswith("oxccl") and len(p) >= 12:  # oxccl-perf's in-place columns
+                        data[cfg + "-inplace"][int(p[0])].append((float(p[9]), float(p[11])))
                 except ValueError:
                     pass
             elif "receiver" in line:
@@ -62,19 +64,20 @@ def ratio(a, b):
 
 
 def table(data, n, kind, peers):
-    """Rows per size: oxccl busbw (or 8 B latency) and each peer, plus ratios."""
+    """Rows per size: oxccl busbw (or 8 B latency) and each peer, plus ratios; oxccl's in-place
+    numbers in a last column."""
     ox = f"oxccl-{kind}-{n}"
-    head = ["size", f"oxccl {kind}"] + [p for p, _ in peers] + [f"oxccl / {p}" for p, _ in peers]
+    head = ["size", f"oxccl {kind}"] + [p for p, _ in peers] + [f"oxccl / {p}" for p, _ in peers] + ["oxccl in-place"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in SIZES:
         if s == 8:
             vals = [med(data, ox, s, 0)] + [med(data, c, s, 0) for _, c in peers]
             # latency: lower is better, so the ratio is peer / oxccl
             rs = [ratio(v, vals[0]) for v in vals[1:]]
-            cells = [f"8 B latency (µs)"] + [fmt(v) for v in vals] + [r + " faster" if r != "–" else r for r in rs]
+            cells = [f"8 B latency (µs)"] + [fmt(v) for v in vals] + [r + " faster" if r != "–" else r for r in rs] + [fmt(med(data, ox + "-inplace", s, 0))]
         else:
             vals = [med(data, ox, s, 1)] + [med(data, c, s, 1) for _, c in peers]
-            cells = [human(s) + " busbw (GB/s)"] + [fmt(v) for v in vals] + [ratio(vals[0], v) for v in vals[1:]]
+            cells = [human(s) + " busbw (GB/s)"] + [fmt(v) for v in vals] + [ratio(vals[0], v) for v in vals[1:]] + [fmt(med(data, ox + "-inplace", s, 1))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -151,6 +154,9 @@ def main():
                     big = med(data, "oxccl-tcp-2", 256 << 20, 1)
                     md.append(f"Raw single-stream TCP between the two hosts (iperf3): median {raw:.2f} GB/s; oxccl busbw at 256 MiB is "
                               f"{fmt(big)} GB/s = {ratio(big, raw)} of it.\n")
+    analysis = os.path.join(bench, "ANALYSIS.md")
+    if os.path.exists(analysis):
+        md += ["", open(analysis).read()]
     open(os.path.join(bench, "RESULTS.md"), "w").write("\n".join(md) + "\n")
     print("\n".join(md))
 

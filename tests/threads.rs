@@ -486,3 +486,24 @@ fn each_kind_of_mismatch_is_reported_on_every_rank() {
         });
     }
 }
+
+#[test]
+fn init_names_the_ranks_that_never_joined() {
+    let cf = Config { timeout: Duration::from_millis(1500), socket_ifname: Some("lo".into()), ..Default::default() };
+    let id = oxccl::UniqueId::with_config(&cf).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let cf = cf.clone();
+                s.spawn(move || Communicator::init_with_config(&id, 4, r, cf))
+            })
+            .collect();
+        for h in hs {
+            let e = h.join().unwrap().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+            assert!(e.to_string().contains("ranks [2, 3] did not join"), "{e}");
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
