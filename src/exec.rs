@@ -661,28 +661,27 @@ pub(crate) fn block<C: DriveComm>(
     // a peer that died without closing anything (shared memory) is noticed here; a peer that
     // finished and exited normally has already delivered what we wait for, so only a connection
     // that is still not ready counts
+    // (the same logic for both halves of a connection: they are different traits)
+    macro_rules! dead_and_not_ready {
+        ($c:expr) => {
+            match $c.check_peer() {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let ready = matches!($c.arm(), Ok(None));
+                    $c.disarm();
+                    if ready {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }
+            }
+        };
+    }
     for &(ci, b) in &armed {
         let r = comms[ci].with_conns(|conns| match b {
-            Blocked::Recv(p) => conns.recv[p].as_mut().map_or(Ok(()), |c| match c.check_peer() {
-                Err(e) => match c.arm() {
-                    Ok(None) => Ok(()),
-                    _ => {
-                        c.disarm();
-                        Err(e)
-                    }
-                },
-                Ok(()) => Ok(()),
-            }),
-            Blocked::Send(q) => conns.send[q].as_mut().map_or(Ok(()), |c| match c.check_peer() {
-                Err(e) => match c.arm() {
-                    Ok(None) => Ok(()),
-                    _ => {
-                        c.disarm();
-                        Err(e)
-                    }
-                },
-                Ok(()) => Ok(()),
-            }),
+            Blocked::Recv(p) => conns.recv[p].as_mut().map_or(Ok(()), |c| dead_and_not_ready!(c)),
+            Blocked::Send(q) => conns.send[q].as_mut().map_or(Ok(()), |c| dead_and_not_ready!(c)),
         });
         if let Err(e) = r {
             let p = match b {

@@ -125,6 +125,15 @@ impl Transport for ShmTransport {
     }
 }
 
+/// A peer process that is gone (killed, crashed) closes nothing in shared memory: ask the kernel.
+fn check_alive(peer: usize, pid: u32) -> Result<()> {
+    if process_alive(pid) {
+        Ok(())
+    } else {
+        Err(Error::remote(format!("rank {peer} (pid {pid}) died: its process is gone")).with_peer(peer))
+    }
+}
+
 struct PendingShm {
     seg: Segment,
     fd: OwnedFd,
@@ -227,12 +236,7 @@ impl SendConn for ShmSend {
     }
 
     fn check_peer(&self) -> Result<()> {
-        if process_alive(self.peer_pid) {
-            Ok(())
-        } else {
-            Err(Error::remote(format!("rank {} (pid {}) died: its process is gone", self.peer, self.peer_pid))
-                .with_peer(self.peer))
-        }
+        check_alive(self.peer, self.peer_pid)
     }
 
     fn abort(&mut self) {
@@ -318,12 +322,7 @@ impl RecvConn for ShmRecv {
     }
 
     fn check_peer(&self) -> Result<()> {
-        if process_alive(self.peer_pid) {
-            Ok(())
-        } else {
-            Err(Error::remote(format!("rank {} (pid {}) died: its process is gone", self.peer, self.peer_pid))
-                .with_peer(self.peer))
-        }
+        check_alive(self.peer, self.peer_pid)
     }
 }
 
