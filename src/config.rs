@@ -10,7 +10,8 @@ pub struct Config {
     pub timeout: Duration,
     /// How long a waiting rank busy-polls before it blocks in the kernel. `OXCCL_SPIN_US`;
     /// default 50 µs, or 0 when the host is oversubscribed (more local ranks than cores), where
-    /// a spinning rank would steal the core of the peer it waits for.
+    /// a spinning rank would steal the core of the peer it waits for. It is an upper bound: each
+    /// thread halves its spin after waits that outlast it and doubles it back after quick ones.
     pub spin: Option<Duration>,
     /// How long a waiting rank then yields its core before it blocks. `OXCCL_YIELD_US`; default
     /// 50 µs, or 1 ms when the host is oversubscribed (yielding hands the core to a peer at once,

@@ -504,9 +504,36 @@ pub struct Policy {
     pub deadline: Instant,
 }
 
+thread_local! {
+    /// This thread's current busy-poll budget (ns), adapted to how waits actually end.
+    static SPIN_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// The busy-poll budget for this thread's next wait: at most `max`, halved each time a wait
+/// outlasted its spin (the peer was not running: spinning only stole its core), doubled back
+/// (from at least 2 µs) each time a wait ended within the spin or a short yield.
+pub(crate) fn adaptive_spin(max: Duration) -> Duration {
+    let max_ns = max.as_nanos() as u64;
+    Duration::from_nanos(SPIN_NS.with(|c| c.get()).min(max_ns))
+}
+
+/// Record how long the last wait took, against the spin it had.
+pub(crate) fn record_wait(idle: Duration, spin: Duration, max: Duration) {
+    let max_ns = max.as_nanos() as u64;
+    SPIN_NS.with(|c| {
+        let cur = c.get().min(max_ns);
+        let quick = idle <= spin.max(Duration::from_micros(20));
+        let next = if quick { (cur * 2).max(2_000) } else { cur / 2 };
+        c.set(if next < 1_000 && !quick { 0 } else { next.min(max_ns) });
+    });
+}
+
 /// Drive `ops` until all are done and their sends flushed. Ops on the same connection run in
 /// list order (an op may only use a connection once every earlier op is done with it).
 pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
+    let max_spin = policy.spin;
+    let mut policy = policy;
+    policy.spin = adaptive_spin(max_spin);
     let uses: Vec<(Vec<usize>, Vec<usize>)> = ops.iter().map(|o| o.sched.peers()).collect();
     let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
     let mut idle_passes = 0u32;
@@ -550,8 +577,11 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
             return Ok(());
         }
         if progressed {
+            if let Some(since) = idle_since.take() {
+                record_wait(since.elapsed(), policy.spin, max_spin);
+                policy.spin = adaptive_spin(max_spin);
+            }
             idle_passes = 0;
-            idle_since = None;
             continue;
         }
         // idle: spin a while (reading the clock only now and then), yield a while, then block

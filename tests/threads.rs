@@ -489,7 +489,8 @@ fn each_kind_of_mismatch_is_reported_on_every_rank() {
 
 #[test]
 fn init_names_the_ranks_that_never_joined() {
-    let cf = Config { timeout: Duration::from_millis(1500), socket_ifname: Some("lo".into()), ..Default::default() };
+    // generous enough that the two present ranks always meet, even on a loaded machine
+    let cf = Config { timeout: Duration::from_secs(4), socket_ifname: Some("lo".into()), ..Default::default() };
     let id = oxccl::UniqueId::with_config(&cf).unwrap();
     let t = Instant::now();
     std::thread::scope(|s| {
@@ -505,5 +506,5 @@ fn init_names_the_ranks_that_never_joined() {
             assert!(e.to_string().contains("ranks [2, 3] did not join"), "{e}");
         }
     });
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
