@@ -508,3 +508,46 @@ fn init_names_the_ranks_that_never_joined() {
     });
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+fn threads_now() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Communicators release every descriptor (doorbells, memfds, sockets, listeners) and thread
+/// when dropped, after success and after failure. (Run alone: other tests open files too.)
+#[test]
+#[ignore = "counts process-wide descriptors: run alone (.ci/run does)"]
+fn nothing_leaks_across_communicator_lifetimes() {
+    let (fds0, threads0) = (open_fds(), threads_now());
+    for round in 0..3 {
+        for shm in [true, false] {
+            let cf = Config { shm_disable: !shm, ..cfg() };
+            let comms = Communicator::init_all_with_config(4, cf).unwrap();
+            on_all(comms, |c| {
+                let mut v = vec![1u32; 10_000];
+                c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+                let mut g = vec![0u32; 40];
+                c.all_gather(&v[..10], &mut g).unwrap();
+                c.all_to_all(&[c.rank() as u8; 4], &mut [0u8; 4]).unwrap();
+                let sub = c.split((c.rank() % 2) as i32, 0).unwrap().unwrap();
+                sub.barrier().unwrap();
+            });
+        }
+        // a failed communicator too
+        let cf = Config { timeout: Duration::from_millis(300), ..cfg() };
+        let comms = Communicator::init_all_with_config(2, cf).unwrap();
+        on_all(comms, |c| {
+            c.barrier().unwrap();
+            if c.rank() == 0 {
+                assert!(c.barrier().is_err());
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100)); // report threads finish
+        assert_eq!(open_fds(), fds0, "descriptors after round {round}");
+        assert_eq!(threads_now(), threads0, "threads after round {round}");
+    }
+}
