@@ -64,3 +64,54 @@ fn collectives_across_namespace_hosts() {
     perf(4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
     perf(8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
 }
+
+/// A namespace host's link goes down (or its packets are dropped by nftables) in the middle of a
+/// run of all-reduces: with OXCCL_TIMEOUT=5 the job must end in an error well within the
+/// timeout plus reporting time, never hang.
+#[test]
+#[ignore = "needs root and network namespaces (run by .ci/run)"]
+fn link_failure_becomes_an_error_not_a_hang() {
+    use std::time::{Duration, Instant};
+    let _h = Hosts::up(2);
+    let faults: [&[&str]; 2] = [
+        &["ip", "link", "set", "eth0", "down"],
+        &["sh", "-c", "nft add table inet cclt && nft add chain inet cclt out '{ type filter hook output priority 0; }' && nft add rule inet cclt out ip daddr 10.213.0.1 drop"],
+    ];
+    for fault in faults {
+        if fault[0] == "sh" && Command::new("nft").arg("--version").output().is_err() {
+            continue;
+        }
+        let _ = Command::new("ip").args(["netns", "exec", "cclt-h2", "ip", "link", "set", "eth0", "up"]).status();
+        let _ =
+            Command::new("ip").args(["netns", "exec", "cclt-h2", "nft", "delete", "table", "inet", "cclt"]).output();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+            .args(["--np", "2", "--netns", "cclt-h1,cclt-h2", "-s", "1M", "-n", "10000000", "-w", "0"])
+            .env("OXCCL_SOCKET_IFNAME", "cclt-br0")
+            .env("OXCCL_TIMEOUT", "5")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let s = Command::new("ip").args(["netns", "exec", "cclt-h2"]).args(fault).status().unwrap();
+        assert!(s.success(), "injecting {fault:?}");
+        let t = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("{fault:?}: still running 30 s after the fault: a hang");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut err = String::new();
+        use std::io::Read;
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(!status.success(), "{fault:?}: the job must fail");
+        assert!(t.elapsed() < Duration::from_secs(15), "{fault:?}: took {:?}", t.elapsed());
+        assert!(err.contains("timed out") || err.contains("unreachable") || err.contains("rank"), "{fault:?}: {err}");
+        eprintln!("{fault:?}: failed after {:?}: {}", t.elapsed(), err.lines().next().unwrap_or(""));
+    }
+}
