@@ -240,3 +240,113 @@ fn survivors_detect_a_killed_rank_quickly_and_name_it() {
         }
     }
 }
+
+/// Soak: a seeded random sequence of collectives over the world communicator and random splits,
+/// random types, ops, counts, roots and layouts, on 4 processes over 2 host ids (shm inside a
+/// pair, TCP across), every result checked bit for bit. `OXCCL_SOAK_OPS` sets the length
+/// (default 400; docs/reliability.md records longer runs).
+#[test]
+fn soak_random_collectives_over_random_splits() {
+    const T: &str = "soak_random_collectives_over_random_splits";
+    if let Some((rank, n, id)) = role(T) {
+        use oxccl::exact::{coll_input, count_wrong, expected_output, premul_two};
+        use oxccl::schedule::inplace_layout;
+        use oxccl::{Coll, DataType, OpDesc, OpMem};
+        let world = Communicator::init(&id, n, rank).unwrap();
+        let ops: usize = std::env::var("OXCCL_SOAK_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
+        let mut z = 0x5EED_u64; // the same sequence on every rank
+        let mut rnd = move |m: usize| {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((z >> 33) as usize) % m.max(1)
+        };
+        let colls = [
+            Coll::AllReduce,
+            Coll::AllGather,
+            Coll::ReduceScatter,
+            Coll::Broadcast,
+            Coll::Reduce,
+            Coll::AllToAll,
+            Coll::Gather,
+            Coll::Scatter,
+        ];
+        let mut sub: Option<Communicator> = None;
+        let mut checked = 0usize;
+        for i in 0..ops {
+            if rnd(25) == 0 {
+                // a new split: colors from the shared sequence, some ranks left out
+                let colors: Vec<i32> = (0..n).map(|_| rnd(3) as i32 - 1).collect();
+                let key = rnd(100) as i32;
+                sub = world.split(colors[rank], key).unwrap();
+            }
+            // the step runs on the world or on the current split; ranks outside the split skip
+            // it, after drawing the same numbers as everyone (the sequences must stay aligned)
+            let on_sub = rnd(2) == 0;
+            let c = if on_sub { sub.as_ref() } else { Some(&world) };
+            let (cn, cr) = c.map_or((1, 0), |c| (c.size(), c.rank()));
+            let coll = colls[rnd(colls.len())];
+            let dt = DataType::ALL[rnd(12)];
+            let op = if coll.reduces() {
+                [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, premul_two(dt)][rnd(6)]
+            } else {
+                ReduceOp::Sum
+            };
+            let count = if rnd(10) == 0 { 20_000 + rnd(80_000) } else { rnd(3000) };
+            let root = rnd(cn);
+            let inplace = rnd(2) == 0 && inplace_layout(coll, cn, cr, count, root).is_some();
+            let Some(c) = c else { continue };
+            let seed = i as u64;
+            let input = coll_input(coll, dt, op, cn, cr, count, root, seed);
+            let want = expected_output(coll, dt, op, cn, cr, count, root, seed);
+            let es = dt.size();
+            let d = OpDesc { coll, dtype: dt, op, count, root };
+            let got = if inplace {
+                let (io, oo, len) = inplace_layout(coll, cn, cr, count, root).unwrap();
+                let mut buf = vec![0u8; len * es];
+                buf[io * es..io * es + input.len()].copy_from_slice(&input);
+                c.run(d, OpMem::InPlace { buf: &mut buf, in_off: io * es, out_off: oo * es }).unwrap();
+                buf[oo * es..oo * es + want.len()].to_vec()
+            } else {
+                let mut out = vec![0u8; want.len()];
+                c.run(d, OpMem::Split { input: &input, output: &mut out }).unwrap();
+                out
+            };
+            assert_eq!(
+                count_wrong(dt, &got, &want),
+                0,
+                "op {i}: {coll:?} {dt:?} {op:?} count {count} root {root} inplace {inplace} on {cn} ranks"
+            );
+            checked += 1;
+        }
+        println!("SOAK OK {checked}");
+        return;
+    }
+    let _g = lock();
+    let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
+    let id = UniqueId::with_config(&lo).unwrap();
+    let n = 4;
+    let kids: Vec<Child> = (0..n)
+        .map(|r| {
+            let host = format!("soak-h{}", r / 2);
+            let mut c = Command::new(std::env::current_exe().unwrap());
+            c.args([T, "--exact", "--nocapture", "--test-threads=1"])
+                .env("OXCCL_TEST_ROLE", T)
+                .env("OXCCL_TEST_RANK", r.to_string())
+                .env("OXCCL_TEST_NRANKS", n.to_string())
+                .env("OXCCL_TEST_ID", id.to_hex())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_HOSTID", host)
+                .env("OXCCL_TIMEOUT", "120")
+                .stdout(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for (r, k) in kids.into_iter().enumerate() {
+        let out = k.wait_with_output().unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && s.contains("SOAK OK"), "rank {r}:\n{s}");
+        let checked: usize =
+            s.split("SOAK OK ").nth(1).and_then(|x| x.trim().split_whitespace().next()?.parse().ok()).unwrap();
+        assert!(checked >= 150, "rank {r} checked only {checked} operations");
+        eprintln!("rank {r}: {checked} operations checked");
+    }
+}
