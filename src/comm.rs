@@ -46,7 +46,25 @@ pub(crate) struct State {
 
 type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
 
+/// One entry of the flight recorder.
+struct Record {
+    seq: u64,
+    fp: Fingerprint,
+    sched: Arc<crate::schedule::Schedule>,
+    start: Instant,
+    end: Option<Instant>,
+    failed: bool,
+}
+
+/// How many operations the flight recorder keeps per communicator.
+const RECORDS: usize = 64;
+
 pub(crate) struct Shared {
+    /// The last operations, for the flight record written on the first error.
+    recorder: Mutex<std::collections::VecDeque<Record>>,
+    /// When the communicator was created (times in the record are relative to it).
+    born: Instant,
+    born_unix_ms: u128,
     /// Busy-poll and yield times in force (see [`Config::spin`]).
     spin: std::time::Duration,
     yield_for: std::time::Duration,
@@ -254,6 +272,12 @@ impl Communicator {
         let tcp = TcpTransport::new(ctx, TcpConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes }, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
+                recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),
+                born: Instant::now(),
+                born_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0),
                 host_of,
                 spin,
                 yield_for,
@@ -837,6 +861,77 @@ impl<'s> Setup<'s> {
 }
 
 impl Shared {
+    fn record(&self, seq: u64, fp: Fingerprint, sched: Arc<crate::schedule::Schedule>) {
+        let mut r = self.recorder.lock().unwrap();
+        if r.len() == RECORDS {
+            r.pop_front();
+        }
+        r.push_back(Record { seq, fp, sched, start: Instant::now(), end: None, failed: false });
+    }
+
+    fn record_end(&self, seq: u64, fp: Fingerprint, done: bool) {
+        let mut r = self.recorder.lock().unwrap();
+        if let Some(x) = r.iter_mut().rev().find(|x| x.seq == seq && x.fp == fp && x.end.is_none()) {
+            x.end = Some(Instant::now());
+            x.failed = !done;
+        }
+    }
+
+    /// Write the flight record (`<dir>/oxccl-<comm>-rank<r>.json`): the last operations with
+    /// sequence number, call, state, peers and times, and the error.
+    fn dump(&self, dir: &std::path::Path, e: &Error) {
+        fn q(s: &str) -> String {
+            let mut o = String::from("\"");
+            for ch in s.chars() {
+                match ch {
+                    '"' => o.push_str("\\\""),
+                    '\\' => o.push_str("\\\\"),
+                    c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+                    c => o.push(c),
+                }
+            }
+            o.push('"');
+            o
+        }
+        let us = |t: Instant| t.saturating_duration_since(self.born).as_micros();
+        let ops: Vec<String> = self
+            .recorder
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let (rx, tx) = r.sched.peers();
+                let state = match (r.end, r.failed) {
+                    (None, _) => "running",
+                    (Some(_), true) => "failed",
+                    (Some(_), false) => "done",
+                };
+                format!(
+                    "{{\"seq\": {}, \"op\": {}, \"state\": \"{state}\", \"recv_from\": {rx:?}, \"send_to\": {tx:?}, \"start_us\": {}, \"end_us\": {}}}",
+                    r.seq,
+                    q(&r.fp.to_string()),
+                    us(r.start),
+                    r.end.map_or("null".to_string(), |t| us(t).to_string())
+                )
+            })
+            .collect();
+        let body = format!(
+            "{{\"comm\": \"{:016x}\", \"rank\": {}, \"nranks\": {}, \"host\": {}, \"pid\": {}, \"created_unix_ms\": {}, \"error\": {}, \"ops\": [\n  {}\n]}}\n",
+            self.comm_id,
+            self.rank,
+            self.nranks,
+            q(&self.peers[self.rank].hostname),
+            self.peers[self.rank].pid,
+            self.born_unix_ms,
+            q(&e.to_string()),
+            ops.join(",\n  ")
+        );
+        let path = dir.join(format!("oxccl-{:016x}-rank{}.json", self.comm_id, self.rank));
+        if let Err(err) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, body)) {
+            tracing::warn!("oxccl: could not write the flight record {}: {err}", path.display());
+        }
+    }
+
     /// Record the first error (sticky). The first time, also close every connection, so peers
     /// waiting on this rank fail at once instead of at their timeout (and theirs close in turn),
     /// and publish the error in the store (in the background: the store may be gone too), so
@@ -850,6 +945,9 @@ impl Shared {
             st.error = Some(e.clone());
             std::mem::replace(&mut st.conns, Conns::new(self.nranks))
         };
+        if let Some(dir) = &self.cfg.dump_dir {
+            self.dump(dir, &e);
+        }
         let mut conns = conns;
         conns.send.iter_mut().flatten().for_each(|c| c.abort());
         conns.recv.iter_mut().flatten().for_each(|c| c.abort());
@@ -1061,7 +1159,11 @@ impl<'a> Group<'a> {
         let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
-        match drive(&shareds, &mut runs, Policy { spin, yield_for, deadline }) {
+        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline });
+        for r in &runs {
+            shareds[r.comm].record_end(r.seq, r.fp, r.done());
+        }
+        match res {
             Ok(()) => Ok(()),
             Err(mut e) => {
                 if e.kind == crate::ErrorKind::Timeout {
@@ -1143,6 +1245,7 @@ impl<'a> Group<'a> {
             };
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
+            sh.record(seq, fp, sched.clone());
             runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
         }
         // pass 2: connect what the ops need, all communicators phase by phase

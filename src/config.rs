@@ -36,6 +36,8 @@ pub struct Config {
     /// Deterministic reductions (`OXCCL_DETERMINISTIC=1`): floating-point results are bitwise
     /// identical whatever the algorithm or chunk size, for a given rank count.
     pub deterministic: bool,
+    /// Where to write the flight record of each rank on its first error (`OXCCL_DUMP_DIR`).
+    pub dump_dir: Option<std::path::PathBuf>,
     /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
     /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
     pub tuner: Tuner,
@@ -78,6 +80,7 @@ impl Default for Config {
             algo: env_any(&["OXCCL_ALGO", "NCCL_ALGO"]),
             proto: env_any(&["NCCL_PROTO"]),
             deterministic: env_any(&["OXCCL_DETERMINISTIC"]).is_some_and(|v| v != "0"),
+            dump_dir: env_any(&["OXCCL_DUMP_DIR"]).map(std::path::PathBuf::from),
             // measured on the 2-core development machines (bench/RESULTS.md): wake-up-free
             // message latency and achieved bandwidth of one ring step
             tuner: Tuner {

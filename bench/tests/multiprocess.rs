@@ -182,3 +182,36 @@ fn hierarchical_allreduce_over_host_layouts() {
         perf(np, &tuned, &[]);
     }
 }
+
+/// The flight recorder: a mismatch leaves a JSON record per rank in OXCCL_DUMP_DIR, and
+/// `oxccl-perf --analyze` names where the ranks diverged.
+#[test]
+fn flight_records_and_analysis() {
+    use oxccl::{Communicator, Config, ReduceOp};
+    let dir = std::env::temp_dir().join(format!("oxccl-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cf = Config { dump_dir: Some(dir.clone()), timeout: std::time::Duration::from_secs(20), ..Default::default() };
+    let comms = Communicator::init_all_with_config(3, cf).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.barrier().unwrap();
+                let op = if c.rank() == 1 { ReduceOp::Max } else { ReduceOp::Sum };
+                assert!(c.all_reduce_inplace(&mut [1f32; 100], op).is_err());
+            });
+        }
+    });
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 3, "one record per rank");
+    let text = std::fs::read_to_string(files[0].path()).unwrap();
+    assert!(
+        text.contains("\"seq\": 1") && text.contains("\"state\": \"failed\"") && text.contains("\"state\": \"done\""),
+        "{text}"
+    );
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_oxccl-perf")).args(["--analyze", dir.to_str().unwrap()]).output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("DIVERGED first at op #1") && s.contains("op=max") && s.contains("op=sum"), "{s}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
