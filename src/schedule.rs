@@ -89,6 +89,18 @@ pub enum Coll {
 }
 
 impl Coll {
+    /// The collectives (every operation but send and recv).
+    pub const COLLECTIVES: [Coll; 8] = [
+        Coll::AllReduce,
+        Coll::AllGather,
+        Coll::ReduceScatter,
+        Coll::Broadcast,
+        Coll::Reduce,
+        Coll::AllToAll,
+        Coll::Gather,
+        Coll::Scatter,
+    ];
+
     /// Name used in messages and tables.
     pub fn name(self) -> &'static str {
         match self {

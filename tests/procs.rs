@@ -16,6 +16,11 @@ fn role(test: &str) -> Option<(usize, usize, UniqueId)> {
 }
 
 fn spawn(test: &str, n: usize, id: &UniqueId, extra: &[(&str, &str)]) -> Vec<Child> {
+    spawn_each(test, n, id, |_| extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+}
+
+/// Start `n` ranks of `test`, with per-rank extra environment.
+fn spawn_each(test: &str, n: usize, id: &UniqueId, env_of: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Child> {
     (0..n)
         .map(|r| {
             let mut c = Command::new(std::env::current_exe().unwrap());
@@ -27,7 +32,7 @@ fn spawn(test: &str, n: usize, id: &UniqueId, extra: &[(&str, &str)]) -> Vec<Chi
                 .env("OXCCL_SOCKET_IFNAME", "lo")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());
-            for (k, v) in extra {
+            for (k, v) in env_of(r) {
                 c.env(k, v);
             }
             c.spawn().unwrap()
@@ -193,29 +198,15 @@ fn survivors_detect_a_killed_rank_quickly_and_name_it() {
         let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
         let (id, id2) = (UniqueId::with_config(&lo).unwrap(), UniqueId::with_config(&lo).unwrap());
         let mixed = env.is_empty();
-        let mut kids: Vec<Child> = (0..n)
-            .map(|r| {
-                let host = format!("h{}", r / 2);
-                let mut e: Vec<(&str, &str)> = env.clone();
-                if mixed {
-                    e.push(("OXCCL_HOSTID", &host));
-                }
-                let mut c = Command::new(std::env::current_exe().unwrap());
-                c.args([T, "--exact", "--nocapture", "--test-threads=1"])
-                    .env("OXCCL_TEST_ROLE", T)
-                    .env("OXCCL_TEST_RANK", r.to_string())
-                    .env("OXCCL_TEST_NRANKS", n.to_string())
-                    .env("OXCCL_TEST_ID", id.to_hex())
-                    .env("OXCCL_TEST_ID2", id2.to_hex())
-                    .env("OXCCL_SOCKET_IFNAME", "lo")
-                    .env_remove("OXCCL_TIMEOUT") // the default (10 min) is in force
-                    .stdout(Stdio::piped());
-                for (k, v) in e {
-                    c.env(k, v);
-                }
-                c.spawn().unwrap()
-            })
-            .collect();
+        let mut kids = spawn_each(T, n, &id, |r| {
+            let mut e: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            if mixed {
+                e.push(("OXCCL_HOSTID".into(), format!("h{}", r / 2)));
+            }
+            e.push(("OXCCL_TEST_ID2".into(), id2.to_hex()));
+            e.push(("OXCCL_TIMEOUT".into(), "600".into())); // the default is in force
+            e
+        });
         for k in &mut kids {
             wait_line(k, "READY");
         }
@@ -324,22 +315,9 @@ fn soak_random_collectives_over_random_splits() {
     let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
     let id = UniqueId::with_config(&lo).unwrap();
     let n = 4;
-    let kids: Vec<Child> = (0..n)
-        .map(|r| {
-            let host = format!("soak-h{}", r / 2);
-            let mut c = Command::new(std::env::current_exe().unwrap());
-            c.args([T, "--exact", "--nocapture", "--test-threads=1"])
-                .env("OXCCL_TEST_ROLE", T)
-                .env("OXCCL_TEST_RANK", r.to_string())
-                .env("OXCCL_TEST_NRANKS", n.to_string())
-                .env("OXCCL_TEST_ID", id.to_hex())
-                .env("OXCCL_SOCKET_IFNAME", "lo")
-                .env("OXCCL_HOSTID", host)
-                .env("OXCCL_TIMEOUT", "120")
-                .stdout(Stdio::piped());
-            c.spawn().unwrap()
-        })
-        .collect();
+    let kids = spawn_each(T, n, &id, |r| {
+        vec![("OXCCL_HOSTID".into(), format!("soak-h{}", r / 2)), ("OXCCL_TIMEOUT".into(), "120".into())]
+    });
     for (r, k) in kids.into_iter().enumerate() {
         let out = k.wait_with_output().unwrap();
         let s = String::from_utf8_lossy(&out.stdout);

@@ -5,16 +5,7 @@ use oxccl::schedule::{build, cost, Algo, Coll, Params};
 use oxccl::sim::{check_numeric, check_symbolic, schedules, Case};
 use oxccl::{DataType, ReduceOp};
 
-const COLLS: [Coll; 8] = [
-    Coll::AllReduce,
-    Coll::AllGather,
-    Coll::ReduceScatter,
-    Coll::Broadcast,
-    Coll::Reduce,
-    Coll::AllToAll,
-    Coll::Gather,
-    Coll::Scatter,
-];
+const COLLS: [Coll; 8] = Coll::COLLECTIVES;
 
 fn counts(n: usize) -> Vec<usize> {
     let mut v = vec![0, 1, 2, 7, 13, 31, n.saturating_sub(1), n, n + 1, 3 * n + 2, 257];

@@ -21,16 +21,7 @@ where
     });
 }
 
-const COLLS: [Coll; 8] = [
-    Coll::AllReduce,
-    Coll::AllGather,
-    Coll::ReduceScatter,
-    Coll::Broadcast,
-    Coll::Reduce,
-    Coll::AllToAll,
-    Coll::Gather,
-    Coll::Scatter,
-];
+const COLLS: [Coll; 8] = Coll::COLLECTIVES;
 
 /// Run `coll` through the untyped API and check it bit for bit.
 fn check(c: &Communicator, coll: Coll, dt: DataType, op: ReduceOp, count: usize, root: usize, inplace: bool) {

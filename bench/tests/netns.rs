@@ -11,16 +11,20 @@ fn shared() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
 }
 
-struct Hosts;
+/// The namespace hosts of one test; holding it keeps other tests (which would tear the same
+/// hosts down) waiting.
+struct Hosts(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
 
 impl Hosts {
     fn up(n: usize) -> Hosts {
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let s = Command::new(shared().join("netns/netns_up.sh"))
             .args(["-n", &n.to_string()])
             .status()
             .expect("netns_up.sh");
         assert!(s.success(), "netns_up.sh failed");
-        Hosts
+        Hosts(guard)
     }
 }
 
