@@ -684,3 +684,45 @@ mod tests {
         ok.set("a", b"b").unwrap();
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+
+    /// Random byte streams (after a valid preamble half of the time) never crash the server or
+    /// keep it from serving a real client.
+    #[test]
+    fn the_server_survives_random_streams() {
+        let s = StoreServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), None).unwrap();
+        let mut z = 0xF00D_u64;
+        let mut next = move || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        for i in 0..300 {
+            let mut c = TcpStream::connect(s.addr()).unwrap();
+            let mut b = Vec::new();
+            if i % 2 == 0 {
+                b.push(q::VALIDATE);
+                b.extend_from_slice(&VALIDATE_MAGIC.to_ne_bytes());
+            }
+            let len = (next() % 200) as usize;
+            b.extend((0..len).map(|_| {
+                let x = next() as u8;
+                // favour small query codes and small lengths so parsing goes deep
+                if x < 128 {
+                    x % 14
+                } else {
+                    x
+                }
+            }));
+            let _ = c.write_all(&b);
+            let _ = c.shutdown(Shutdown::Write);
+        }
+        let ok = TcpStore::connect(s.addr(), None, Duration::from_secs(5)).unwrap();
+        ok.set("still", b"serving").unwrap();
+        assert_eq!(ok.get("still", Duration::from_secs(5)).unwrap(), b"serving");
+    }
+}

@@ -542,3 +542,24 @@ fn nothing_leaks_across_communicator_lifetimes() {
         assert_eq!(threads_now(), threads0, "threads after round {round}");
     }
 }
+
+/// Operations on one communicator from two threads at once are refused (the second gets
+/// InvalidUsage), and nothing is lost: the first finishes once its peer arrives.
+#[test]
+fn one_communicator_from_two_threads_at_once_is_refused() {
+    let comms = Communicator::init_all_with_config(2, cfg()).unwrap();
+    let (c0, c1) = (&comms[0], &comms[1]);
+    std::thread::scope(|s| {
+        let first = s.spawn(move || {
+            let mut v = [1u32; 16];
+            c0.all_reduce_inplace(&mut v, ReduceOp::Sum).map(|_| v[0])
+        });
+        std::thread::sleep(Duration::from_millis(200)); // the first call is now waiting for rank 1
+        let e = c0.barrier().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        assert!(e.to_string().contains("two threads"), "{e}");
+        let mut v = [1u32; 16];
+        c1.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(first.join().unwrap().unwrap(), 2);
+    });
+}

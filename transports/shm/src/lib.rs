@@ -386,3 +386,25 @@ mod tests {
         assert_eq!(e.peer, Some(1));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+
+    #[test]
+    fn setup_blobs_of_random_bytes_are_refused_cleanly() {
+        let a = ShmTransport::new(
+            TransportCtx { rank: 0, nranks: 2, comm_id: 1, secret: [0; 32], peers: vec![] },
+            ShmConfig::default(),
+        )
+        .unwrap();
+        let dl = Instant::now() + Duration::from_millis(50);
+        let mut z = 0x5EA7_u64;
+        for _ in 0..2000 {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let len = (z >> 58) as usize;
+            let blob: Vec<u8> = (0..len).map(|i| (z >> (i % 56)) as u8).collect();
+            assert!(a.connect_send(1, &blob, dl).is_err(), "a random blob names no segment of this job");
+        }
+    }
+}

@@ -628,3 +628,26 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+
+    #[test]
+    fn setup_blobs_of_random_bytes_are_refused_cleanly() {
+        let a = TcpTransport::new(
+            TransportCtx { rank: 0, nranks: 2, comm_id: 1, secret: [0; 32], peers: vec![] },
+            TcpConfig::default(),
+            "127.0.0.1".parse().unwrap(),
+        );
+        let dl = Instant::now() + Duration::from_millis(50);
+        let mut z = 0xB10B_u64;
+        for _ in 0..2000 {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let len = (z >> 58) as usize;
+            let blob: Vec<u8> = (0..len).map(|i| (z >> (i % 56)) as u8).collect();
+            // any outcome but a panic is fine; most must be refused
+            let _ = a.connect_send(1, &blob, dl);
+        }
+    }
+}
