@@ -1,6 +1,8 @@
 //! Depth 3: ranks as processes (this test binary re-executed with a role), for what only
 //! processes can show: CPU use of idle and waiting ranks, and nothing leaked after `kill -9`.
 
+mod common;
+
 use oxccl::{Communicator, ReduceOp, UniqueId};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -240,9 +242,9 @@ fn survivors_detect_a_killed_rank_quickly_and_name_it() {
 fn soak_random_collectives_over_random_splits() {
     const T: &str = "soak_random_collectives_over_random_splits";
     if let Some((rank, n, id)) = role(T) {
-        use oxccl::exact::{coll_input, count_wrong, expected_output, premul_two};
+        use oxccl::exact::premul_two;
         use oxccl::schedule::inplace_layout;
-        use oxccl::{Coll, DataType, OpDesc, OpMem};
+        use oxccl::{Coll, DataType};
         let world = Communicator::init(&id, n, rank).unwrap();
         let ops: usize = std::env::var("OXCCL_SOAK_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
         let mut z = 0x5EED_u64; // the same sequence on every rank
@@ -250,16 +252,7 @@ fn soak_random_collectives_over_random_splits() {
             z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((z >> 33) as usize) % m.max(1)
         };
-        let colls = [
-            Coll::AllReduce,
-            Coll::AllGather,
-            Coll::ReduceScatter,
-            Coll::Broadcast,
-            Coll::Reduce,
-            Coll::AllToAll,
-            Coll::Gather,
-            Coll::Scatter,
-        ];
+        let colls = Coll::COLLECTIVES;
         let mut sub: Option<Communicator> = None;
         let mut checked = 0usize;
         for i in 0..ops {
@@ -285,25 +278,9 @@ fn soak_random_collectives_over_random_splits() {
             let root = rnd(cn);
             let inplace = rnd(2) == 0 && inplace_layout(coll, cn, cr, count, root).is_some();
             let Some(c) = c else { continue };
-            let seed = i as u64;
-            let input = coll_input(coll, dt, op, cn, cr, count, root, seed);
-            let want = expected_output(coll, dt, op, cn, cr, count, root, seed);
-            let es = dt.size();
-            let d = OpDesc { coll, dtype: dt, op, count, root };
-            let got = if inplace {
-                let (io, oo, len) = inplace_layout(coll, cn, cr, count, root).unwrap();
-                let mut buf = vec![0u8; len * es];
-                buf[io * es..io * es + input.len()].copy_from_slice(&input);
-                c.run(d, OpMem::InPlace { buf: &mut buf, in_off: io * es, out_off: oo * es }).unwrap();
-                buf[oo * es..oo * es + want.len()].to_vec()
-            } else {
-                let mut out = vec![0u8; want.len()];
-                c.run(d, OpMem::Split { input: &input, output: &mut out }).unwrap();
-                out
-            };
+            let wrong = common::run_and_count_wrong(c, coll, dt, op, count, root, inplace, i as u64);
             assert_eq!(
-                count_wrong(dt, &got, &want),
-                0,
+                wrong, 0,
                 "op {i}: {coll:?} {dt:?} {op:?} count {count} root {root} inplace {inplace} on {cn} ranks"
             );
             checked += 1;

@@ -1,6 +1,8 @@
 //! Depth 2: threads as ranks in one process, over the real shm (and tcp) transports.
 
-use oxccl::exact::{coll_input, count_wrong, expected_output, premul_two};
+mod common;
+
+use oxccl::exact::premul_two;
 use oxccl::{Coll, Communicator, Config, DataType, ErrorKind, Group, OpDesc, OpMem, ReduceOp};
 use std::time::{Duration, Instant};
 
@@ -25,24 +27,8 @@ const COLLS: [Coll; 8] = Coll::COLLECTIVES;
 
 /// Run `coll` through the untyped API and check it bit for bit.
 fn check(c: &Communicator, coll: Coll, dt: DataType, op: ReduceOp, count: usize, root: usize, inplace: bool) {
-    let (n, r) = (c.size(), c.rank());
-    let input = coll_input(coll, dt, op, n, r, count, root, 3);
-    let want = expected_output(coll, dt, op, n, r, count, root, 3);
-    let d = OpDesc { coll, dtype: dt, op, count, root };
-    let es = dt.size();
-    let got = if inplace {
-        let (io, oo, len) = oxccl::schedule::inplace_layout(coll, n, r, count, root).unwrap();
-        let mut buf = vec![0u8; len * es];
-        buf[io * es..io * es + input.len()].copy_from_slice(&input);
-        c.run(d, OpMem::InPlace { buf: &mut buf, in_off: io * es, out_off: oo * es }).unwrap();
-        buf[oo * es..oo * es + want.len()].to_vec()
-    } else {
-        let mut out = vec![0u8; want.len()];
-        c.run(d, OpMem::Split { input: &input, output: &mut out }).unwrap();
-        out
-    };
-    let wrong = count_wrong(dt, &got, &want);
-    assert_eq!(wrong, 0, "rank {r}: {coll:?} {dt:?} {op:?} count {count} root {root} inplace {inplace}");
+    let wrong = common::run_and_count_wrong(c, coll, dt, op, count, root, inplace, 3);
+    assert_eq!(wrong, 0, "rank {}: {coll:?} {dt:?} {op:?} count {count} root {root} inplace {inplace}", c.rank());
 }
 
 #[test]

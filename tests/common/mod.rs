@@ -1,0 +1,37 @@
+//! Helpers shared by the integration tests.
+
+use oxccl::exact::{coll_input, count_wrong, expected_output};
+use oxccl::schedule::inplace_layout;
+use oxccl::{Coll, Communicator, DataType, OpDesc, OpMem, ReduceOp};
+
+/// Run `coll` through the untyped API on verifiable data (in place when `inplace`) and return
+/// how many elements differ, bit for bit, from the expected output.
+#[allow(clippy::too_many_arguments)]
+pub fn run_and_count_wrong(
+    c: &Communicator,
+    coll: Coll,
+    dt: DataType,
+    op: ReduceOp,
+    count: usize,
+    root: usize,
+    inplace: bool,
+    seed: u64,
+) -> usize {
+    let (n, r) = (c.size(), c.rank());
+    let input = coll_input(coll, dt, op, n, r, count, root, seed);
+    let want = expected_output(coll, dt, op, n, r, count, root, seed);
+    let d = OpDesc { coll, dtype: dt, op, count, root };
+    let es = dt.size();
+    let got = if inplace {
+        let (io, oo, len) = inplace_layout(coll, n, r, count, root).unwrap();
+        let mut buf = vec![0u8; len * es];
+        buf[io * es..io * es + input.len()].copy_from_slice(&input);
+        c.run(d, OpMem::InPlace { buf: &mut buf, in_off: io * es, out_off: oo * es }).unwrap();
+        buf[oo * es..oo * es + want.len()].to_vec()
+    } else {
+        let mut out = vec![0u8; want.len()];
+        c.run(d, OpMem::Split { input: &input, output: &mut out }).unwrap();
+        out
+    };
+    count_wrong(dt, &got, &want)
+}
