@@ -1257,8 +1257,8 @@ impl<'a> Group<'a> {
                 let (mut rx, mut tx) = (Vec::new(), Vec::new());
                 for r in runs.iter().filter(|r| r.comm == ci) {
                     let (a, b) = r.sched.peers();
-                    rx.extend(a);
-                    tx.extend(b);
+                    rx.extend_from_slice(a);
+                    tx.extend_from_slice(b);
                 }
                 rx.sort_unstable();
                 rx.dedup();

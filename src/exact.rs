@@ -103,6 +103,20 @@ pub fn premul_two(dt: DataType) -> ReduceOp {
     ReduceOp::PreMulSum(b)
 }
 
+/// Every reduce op, with the pre-multiplied sum of [`premul_two`]: the ops a check covers.
+pub fn all_ops(dt: DataType) -> Vec<ReduceOp> {
+    ReduceOp::BASIC.into_iter().chain([premul_two(dt)]).collect()
+}
+
+/// The ops worth checking for `coll`: all of them if it reduces, otherwise just one.
+pub fn ops_for(coll: crate::schedule::Coll, dt: DataType) -> Vec<ReduceOp> {
+    if coll.reduces() {
+        all_ops(dt)
+    } else {
+        vec![ReduceOp::Sum]
+    }
+}
+
 /// Rank `rank`'s input of `count` elements starting at element `first`.
 pub fn input_from(
     dt: DataType,
@@ -225,7 +239,7 @@ mod tests {
     #[test]
     fn order_independent() {
         for dt in DataType::ALL {
-            for op in ReduceOp::BASIC.into_iter().chain([premul_two(dt)]) {
+            for op in all_ops(dt) {
                 for n in [1usize, 2, 3, 7, 16] {
                     let ins: Vec<Vec<u8>> = (0..n).map(|r| input(dt, op, r, n, 200, 5)).collect();
                     let fwd: Vec<&[u8]> = ins.iter().map(|v| v.as_slice()).collect();

@@ -534,7 +534,8 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
     let max_spin = policy.spin;
     let mut policy = policy;
     policy.spin = adaptive_spin(max_spin);
-    let uses: Vec<(Vec<usize>, Vec<usize>)> = ops.iter().map(|o| o.sched.peers()).collect();
+    let scheds: Vec<std::sync::Arc<Schedule>> = ops.iter().map(|o| o.sched.clone()).collect();
+    let uses: Vec<(&[usize], &[usize])> = scheds.iter().map(|s| s.peers()).collect();
     let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
     let mut idle_passes = 0u32;
     let mut idle_since: Option<Instant> = None;
@@ -611,13 +612,13 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
     }
 }
 
-pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], comm: usize) -> (Vec<usize>, Vec<usize>) {
+pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(&[usize], &[usize])], comm: usize) -> (Vec<usize>, Vec<usize>) {
     let mut rx = vec![];
     let mut tx = vec![];
     for (o, u) in ops.iter().zip(uses) {
         if o.comm == comm {
-            rx.extend_from_slice(&u.0);
-            tx.extend_from_slice(&u.1);
+            rx.extend_from_slice(u.0);
+            tx.extend_from_slice(u.1);
         }
     }
     rx.sort_unstable();
@@ -632,7 +633,7 @@ pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(Vec<usize>, Vec<usize>)], com
 pub(crate) fn block<C: DriveComm>(
     comms: &[&C],
     ops: &[OpRun<'_>],
-    uses: &[(Vec<usize>, Vec<usize>)],
+    uses: &[(&[usize], &[usize])],
     deadline: Instant,
     extra: &[WaitSource],
 ) -> Result<()> {

@@ -91,7 +91,8 @@ fn main_loop(q: &'static Queue) {
             };
         }
         let refs: Vec<&Shared> = shs.iter().map(|a| &**a).collect();
-        let uses: Vec<(Vec<usize>, Vec<usize>)> = runs.iter().map(|r| r.sched.peers()).collect();
+        let scheds: Vec<Arc<crate::schedule::Schedule>> = runs.iter().map(|r| r.sched.clone()).collect();
+        let uses: Vec<(&[usize], &[usize])> = scheds.iter().map(|s| s.peers()).collect();
         let mut progressed = false;
         let mut outcome: Vec<Option<Result<()>>> = (0..runs.len()).map(|_| None).collect();
         for i in 0..runs.len() {
@@ -127,7 +128,7 @@ fn main_loop(q: &'static Queue) {
             let ci = runs[i].comm;
             let flushed = refs[ci].with_conns(|c| -> Result<bool> {
                 let mut clear = true;
-                for &q in &uses[i].1 {
+                for &q in uses[i].1 {
                     if let Some(s) = c.send[q].as_mut() {
                         s.progress().map_err(|e| e.with_peer(q).with_rank(refs[ci].rank()))?;
                         clear &= !s.pending();

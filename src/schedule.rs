@@ -61,6 +61,9 @@ pub struct Step {
 pub struct Schedule {
     /// The steps, in order.
     pub steps: Vec<Step>,
+    /// The peers received from and sent to, derived from `steps` on first use (schedules are
+    /// cached and reused, so this is computed once per schedule, not per call).
+    peers: std::sync::OnceLock<(Vec<usize>, Vec<usize>)>,
 }
 
 /// The operations.
@@ -321,11 +324,11 @@ pub fn build(p: &Params) -> Schedule {
     match (p.coll, p.algo) {
         (Coll::AllReduce, Algo::RecursiveDoubling) if n > 1 => {
             recursive_doubling(&mut b, p);
-            return Schedule { steps: b.steps };
+            return Schedule::new(b.steps);
         }
         (Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce, Algo::Ordered) if n > 1 => {
             ordered(&mut b, p);
-            return Schedule { steps: b.steps };
+            return Schedule::new(b.steps);
         }
         (_, Algo::Hierarchical) => {
             // without a host layout there is no hierarchy: one host
@@ -520,7 +523,7 @@ pub fn build(p: &Params) -> Schedule {
             }
         }
     }
-    Schedule { steps: b.steps }
+    Schedule::new(b.steps)
 }
 
 /// Recursive doubling all-reduce. With n not a power of two, the `n - p2` extra ranks first fold
@@ -659,18 +662,27 @@ pub fn build_hierarchical(p: &Params, host_of: &[usize]) -> Schedule {
             // the leader's own copy (output to output) is a no-op: keep only its sends
             .filter(|st| !(st.recv.is_none() && st.send.is_none())),
     );
-    Schedule { steps }
+    Schedule::new(steps)
 }
 
 impl Schedule {
-    /// Peers this schedule receives from and sends to (sorted, deduplicated).
-    pub fn peers(&self) -> (Vec<usize>, Vec<usize>) {
-        let mut rx: Vec<usize> = self.steps.iter().filter_map(|s| s.recv).collect();
-        let mut tx: Vec<usize> = self.steps.iter().filter_map(|s| s.send).collect();
-        rx.sort_unstable();
-        rx.dedup();
-        tx.sort_unstable();
-        tx.dedup();
+    /// A schedule of these steps.
+    pub fn new(steps: Vec<Step>) -> Schedule {
+        Schedule { steps, peers: Default::default() }
+    }
+
+    /// Peers this schedule receives from and sends to (sorted, deduplicated). Computed once:
+    /// change `steps` only before the first call.
+    pub fn peers(&self) -> (&[usize], &[usize]) {
+        let (rx, tx) = self.peers.get_or_init(|| {
+            let mut rx: Vec<usize> = self.steps.iter().filter_map(|s| s.recv).collect();
+            let mut tx: Vec<usize> = self.steps.iter().filter_map(|s| s.send).collect();
+            rx.sort_unstable();
+            rx.dedup();
+            tx.sort_unstable();
+            tx.dedup();
+            (rx, tx)
+        });
         (rx, tx)
     }
 

@@ -305,3 +305,28 @@ fn soak_random_collectives_over_random_splits() {
         eprintln!("rank {r}: {checked} operations checked");
     }
 }
+
+#[test]
+fn init_names_the_ranks_that_never_joined() {
+    // here rather than with the thread tests: under the lock nothing else loads the machine, so
+    // the two present ranks always meet before the deadline
+    let _g = lock();
+    // generous enough that the two present ranks always meet, even on a loaded machine
+    let cf = oxccl::Config { timeout: Duration::from_secs(4), socket_ifname: Some("lo".into()), ..Default::default() };
+    let id = oxccl::UniqueId::with_config(&cf).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let cf = cf.clone();
+                s.spawn(move || Communicator::init_with_config(&id, 4, r, cf))
+            })
+            .collect();
+        for h in hs {
+            let e = h.join().unwrap().unwrap_err();
+            assert_eq!(e.kind, oxccl::ErrorKind::Timeout, "{e}");
+            assert!(e.to_string().contains("ranks [2, 3] did not join"), "{e}");
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}

@@ -96,12 +96,7 @@ fn numeric_every_type_and_op_through_the_executor_step() {
     for n in [1, 2, 3, 4, 5, 8] {
         for coll in COLLS {
             for dt in DataType::ALL {
-                let ops: Vec<ReduceOp> = if coll.reduces() {
-                    ReduceOp::BASIC.into_iter().chain([premul_two(dt)]).collect()
-                } else {
-                    vec![ReduceOp::Sum]
-                };
-                for op in ops {
+                for op in oxccl::exact::ops_for(coll, dt) {
                     for (count, chunk) in [(0, 4), (1, 1), (n * 5 + 3, 4), (97, 16)] {
                         for inplace in [false, true] {
                             if inplace && !inplace_ok(coll) {
@@ -347,7 +342,7 @@ fn other_algorithms_in_the_simulator() {
         for n in [1, 2, 3, 5, 8] {
             for &coll in colls {
                 for dt in DataType::ALL {
-                    for op in ReduceOp::BASIC.into_iter().chain([premul_two(dt)]) {
+                    for op in oxccl::exact::all_ops(dt) {
                         for inplace in [false, true] {
                             let case = Case {
                                 coll,
@@ -397,7 +392,7 @@ fn hierarchical_in_the_simulator() {
                 }
             }
             for dt in [DataType::F32, DataType::BF16, DataType::I8, DataType::F8E5M2] {
-                for op in ReduceOp::BASIC.into_iter().chain([premul_two(dt)]) {
+                for op in oxccl::exact::all_ops(dt) {
                     let case = Case {
                         coll: Coll::AllReduce,
                         nranks: n,
