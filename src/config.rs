@@ -54,6 +54,12 @@ pub struct Tuner {
     pub net_alpha_us: f64,
     /// Bandwidth between hosts, GB/s.
     pub net_beta_gbps: f64,
+    /// Added to each message's latency per rank beyond one per core on a host (each message
+    /// then waits for a context switch), µs.
+    pub switch_us: f64,
+    /// Bandwidth factor of the log-round algorithms (Rabenseifner, tree) against the pipelined
+    /// ring when ranks outnumber cores: their exchanges need both partners on a core at once.
+    pub oversub_round_factor: f64,
 }
 
 /// The value of the first set variable among `names`.
@@ -88,6 +94,8 @@ impl Default for Config {
                 shm_beta_gbps: env_num(&["OXCCL_TUNER_SHM_BETA_GBPS"]).unwrap_or(8.0),
                 net_alpha_us: env_num(&["OXCCL_TUNER_NET_ALPHA_US"]).unwrap_or(15.0),
                 net_beta_gbps: env_num(&["OXCCL_TUNER_NET_BETA_GBPS"]).unwrap_or(1.5),
+                switch_us: env_num(&["OXCCL_TUNER_SWITCH_US"]).unwrap_or(2.0),
+                oversub_round_factor: env_num(&["OXCCL_TUNER_OVERSUB_FACTOR"]).unwrap_or(1.5),
             },
         }
     }
@@ -125,6 +133,12 @@ pub fn init_logging() {
     });
 }
 
+/// The algorithms the tuner chooses among (the ordered schedules are only for deterministic mode).
+pub const TUNED: [crate::schedule::Algo; 5] = {
+    use crate::schedule::Algo;
+    [Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical]
+};
+
 /// Parse an `NCCL_ALGO`-style list into the allowed algorithms (in oxccl's order).
 pub fn parse_algos(spec: &str) -> crate::Result<Vec<crate::schedule::Algo>> {
     use crate::schedule::Algo;
@@ -139,23 +153,25 @@ pub fn parse_algos(spec: &str) -> crate::Result<Vec<crate::schedule::Algo>> {
             "ring" => Algo::Ring,
             "recdouble" | "recursivedoubling" | "rd" => Algo::RecursiveDoubling,
             "hierarchical" | "hier" => Algo::Hierarchical,
-            "tree" | "collnetdirect" | "collnetchain" | "nvls" | "nvlstree" | "pat" => {
+            "tree" => Algo::Tree,
+            "rabenseifner" | "rechalving" | "rh" => Algo::Rabenseifner,
+            "collnetdirect" | "collnetchain" | "nvls" | "nvlstree" | "pat" => {
                 if exclude {
                     continue; // excluding what we do not have is fine
                 }
                 return Err(crate::Error::invalid_usage(format!(
-                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble, hierarchical"
+                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble, rabenseifner, tree, hierarchical"
                 )));
             }
             other => {
                 return Err(crate::Error::invalid_argument(format!(
-                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble, hierarchical"
+                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble, rabenseifner, tree, hierarchical"
                 )))
             }
         };
         named.push(a);
     }
-    let all = [Algo::Ring, Algo::RecursiveDoubling, Algo::Hierarchical];
+    let all = TUNED;
     let allowed: Vec<Algo> = all.into_iter().filter(|a| named.contains(a) != exclude).collect();
     if allowed.is_empty() {
         return Err(crate::Error::invalid_usage(format!("OXCCL_ALGO/NCCL_ALGO={spec:?} leaves no algorithm")));
@@ -189,12 +205,20 @@ mod tests {
     fn algo_syntax() {
         assert_eq!(parse_algos("ring").unwrap(), vec![Algo::Ring]);
         assert_eq!(parse_algos("Ring,RecDouble").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling]);
-        assert_eq!(parse_algos("^ring").unwrap(), vec![Algo::RecursiveDoubling, Algo::Hierarchical]);
-        assert_eq!(parse_algos("^tree").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Hierarchical]);
-        let e = parse_algos("Tree").unwrap_err();
+        assert_eq!(
+            parse_algos("^ring").unwrap(),
+            vec![Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical]
+        );
+        assert_eq!(
+            parse_algos("^tree,nvls").unwrap(),
+            vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Hierarchical]
+        );
+        assert_eq!(parse_algos("Tree").unwrap(), vec![Algo::Tree]);
+        assert_eq!(parse_algos("rabenseifner").unwrap(), vec![Algo::Rabenseifner]);
+        let e = parse_algos("NVLS").unwrap_err();
         assert!(e.to_string().contains("not implemented"), "{e}");
         assert!(parse_algos("bogus").is_err());
-        assert!(parse_algos("^ring,rd,hier").is_err());
+        assert!(parse_algos("^ring,rd,hier,tree,rh").is_err());
         assert!(check_proto("Simple").is_ok());
         assert!(check_proto("^LL,LL128").is_ok());
         assert!(check_proto("LL").unwrap_err().to_string().contains("only the Simple"));

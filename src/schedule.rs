@@ -180,13 +180,8 @@ impl Fingerprint {
     /// The `call` word: operation, type, reduce op and root packed in 32 bits.
     pub fn call_word(&self) -> u32 {
         let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { (self.root as u32) & 0x3FFFF };
-        let algo = match self.algo {
-            Algo::Ring => 0,
-            Algo::RecursiveDoubling => 1,
-            Algo::Ordered => 2,
-            Algo::Hierarchical => 3,
-        };
-        self.coll.code() | (self.dtype as u32) << 4 | self.op.code() << 8 | algo << 12 | root << 14
+        let root = root & 0x1FFFF;
+        self.coll.code() | (self.dtype as u32) << 4 | self.op.code() << 8 | self.algo.code() << 12 | root << 15
     }
 
     /// Describe a peer's (count, call) pair for messages.
@@ -206,8 +201,8 @@ impl Fingerprint {
         let dt = DataType::from_raw(((call >> 4) & 0xF) as i32).map(|d| d.name()).unwrap_or("?");
         let op =
             ["sum", "prod", "max", "min", "avg", "premulsum"].get(((call >> 8) & 0xF) as usize).copied().unwrap_or("?");
-        let algo = ["ring", "recdouble", "ordered", "hierarchical"][((call >> 12) & 3) as usize];
-        format!("{coll}(type={dt}, count={count}, op={op}, root={}, algo={algo})", call >> 14)
+        let algo = Algo::ALL.get(((call >> 12) & 7) as usize).map(|a| a.name()).unwrap_or("?");
+        format!("{coll}(type={dt}, count={count}, op={op}, root={}, algo={algo})", call >> 15)
     }
 }
 
@@ -241,6 +236,13 @@ pub enum Algo {
     /// hosts' leaders (network), broadcast inside each host. Needs the host layout
     /// ([`build_hierarchical`]).
     Hierarchical,
+    /// Double binary tree all-reduce: each half of the buffer is reduced up one balanced binary
+    /// tree and broadcast back down it, pipelined by chunk; the second tree is the first shifted
+    /// by one rank, so most leaves of one tree are inner nodes of the other.
+    Tree,
+    /// Rabenseifner all-reduce: reduce-scatter by recursive halving, then all-gather by
+    /// recursive doubling (log2 n steps each, bandwidth-optimal), for medium messages.
+    Rabenseifner,
 }
 
 impl Algo {
@@ -251,7 +253,18 @@ impl Algo {
             Algo::RecursiveDoubling => "recdouble",
             Algo::Ordered => "ordered",
             Algo::Hierarchical => "hierarchical",
+            Algo::Tree => "tree",
+            Algo::Rabenseifner => "rabenseifner",
         }
+    }
+
+    /// Every algorithm, in wire-code order.
+    pub const ALL: [Algo; 6] =
+        [Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered, Algo::Hierarchical, Algo::Tree, Algo::Rabenseifner];
+
+    /// Code carried in the `call` word (3 bits).
+    fn code(self) -> u32 {
+        Algo::ALL.iter().position(|a| *a == self).unwrap() as u32
     }
 }
 
@@ -324,6 +337,14 @@ pub fn build(p: &Params) -> Schedule {
     match (p.coll, p.algo) {
         (Coll::AllReduce, Algo::RecursiveDoubling) if n > 1 => {
             recursive_doubling(&mut b, p);
+            return Schedule::new(b.steps);
+        }
+        (Coll::AllReduce, Algo::Rabenseifner) if n > 1 => {
+            rabenseifner(&mut b, p);
+            return Schedule::new(b.steps);
+        }
+        (Coll::AllReduce, Algo::Tree) if n > 1 => {
+            double_tree(&mut b, p);
             return Schedule::new(b.steps);
         }
         (Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce, Algo::Ordered) if n > 1 => {
@@ -554,6 +575,175 @@ fn recursive_doubling(b: &mut Builder, p: &Params) {
     }
 }
 
+/// Rabenseifner all-reduce. Ranks `0..p2` (p2 the largest power of two <= n) split the buffer
+/// into p2 blocks. Reduce-scatter by recursive halving: at distance d = p2/2, ..., 1 each rank
+/// keeps the half of its current block range on its side of bit d, sends the other half to
+/// `r ^ d` and adds the partner's copy of the kept half; rank r ends owning block r. All-gather by
+/// recursive doubling reverses the rounds. The `n - p2` extra ranks fold into ranks `0..n-p2`
+/// first and get the result back at the end. Within a round, sends run one chunk ahead of
+/// receives, so two slots per connection suffice.
+fn rabenseifner(b: &mut Builder, p: &Params) {
+    let (n, r, c, ch) = (p.nranks, p.rank, p.count, p.chunk);
+    let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let extra = n - p2;
+    let chunks = |s: usize, e: usize| (e - s).div_ceil(ch);
+    if r >= p2 {
+        for k in 0..chunks(0, c) {
+            let (o, l) = chunk_of(0, c, k, ch);
+            b.step(Step { recv: None, src: inp(o), dst: None, send: Some(r - p2), count: l, post: false });
+        }
+        for k in 0..chunks(0, c) {
+            let (o, l) = chunk_of(0, c, k, ch);
+            b.step(Step { recv: Some(r - p2), src: None, dst: out(o), send: None, count: l, post: false });
+        }
+        return;
+    }
+    let fold = (r < extra).then_some(r + p2);
+    if let Some(e) = fold {
+        for k in 0..chunks(0, c) {
+            let (o, l) = chunk_of(0, c, k, ch);
+            b.step(Step { recv: Some(e), src: inp(o), dst: out(o), send: None, count: l, post: false });
+        }
+    }
+    // element range of blocks [lo, hi)
+    let range = |lo: usize, hi: usize| (block(c, p2, lo).0, block(c, p2, hi - 1).1);
+    let mut base: fn(usize) -> Option<Slice> = if fold.is_some() { out } else { inp };
+    let (mut lo, mut hi) = (0, p2);
+    let mut d = p2 / 2;
+    while d >= 1 {
+        let partner = r ^ d;
+        let mid = lo + (hi - lo) / 2;
+        let (keep, give) = if r & d == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+        let (gs, ge) = range(give.0, give.1);
+        let (ks, ke) = range(keep.0, keep.1);
+        let rounds = chunks(gs, ge).max(chunks(ks, ke));
+        for k in 0..=rounds {
+            // sends run one chunk ahead of receives (two slots per connection suffice)
+            if k < rounds {
+                let (o, l) = chunk_of(gs, ge, k, ch);
+                b.step(Step { recv: None, src: base(o), dst: None, send: Some(partner), count: l, post: false });
+            }
+            if k > 0 {
+                let (o, l) = chunk_of(ks, ke, k - 1, ch);
+                let post = p.avg && d == 1;
+                b.step(Step { recv: Some(partner), src: base(o), dst: out(o), send: None, count: l, post });
+            }
+        }
+        (lo, hi) = keep;
+        base = out;
+        d /= 2;
+    }
+    let mut d = 1;
+    while d < p2 {
+        let partner = r ^ d;
+        let (ps, pe) = (partner & !(d - 1), (partner & !(d - 1)) + d);
+        let (ms, me) = range(lo, hi);
+        let (ts, te) = range(ps, pe);
+        let rounds = chunks(ms, me).max(chunks(ts, te));
+        for k in 0..=rounds {
+            if k < rounds {
+                let (o, l) = chunk_of(ms, me, k, ch);
+                b.step(Step { recv: None, src: out(o), dst: None, send: Some(partner), count: l, post: false });
+            }
+            if k > 0 {
+                let (o, l) = chunk_of(ts, te, k - 1, ch);
+                b.step(Step { recv: Some(partner), src: None, dst: out(o), send: None, count: l, post: false });
+            }
+        }
+        (lo, hi) = (lo.min(ps), hi.max(pe));
+        d *= 2;
+    }
+    if let Some(e) = fold {
+        for k in 0..chunks(0, c) {
+            let (o, l) = chunk_of(0, c, k, ch);
+            b.step(Step { recv: None, src: out(o), dst: None, send: Some(e), count: l, post: false });
+        }
+    }
+}
+
+/// A balanced in-order binary tree over positions `0..n`: (parent, children) of each position.
+pub fn binary_tree(n: usize) -> Vec<(Option<usize>, Vec<usize>)> {
+    fn rec(t: &mut [(Option<usize>, Vec<usize>)], lo: usize, hi: usize, parent: Option<usize>) -> Option<usize> {
+        if lo >= hi {
+            return None;
+        }
+        let mid = lo + (hi - lo) / 2;
+        t[mid].0 = parent;
+        let kids: Vec<usize> =
+            [rec(t, lo, mid, Some(mid)), rec(t, mid + 1, hi, Some(mid))].into_iter().flatten().collect();
+        t[mid].1 = kids;
+        Some(mid)
+    }
+    let mut t = vec![(None, Vec::new()); n];
+    rec(&mut t, 0, n, None);
+    t
+}
+
+/// How many chunk rounds the broadcast half of a tree trails its reduce half: lets a leaf keep
+/// this many chunks in flight instead of waiting for each one's round trip.
+pub const TREE_LAG: usize = 2;
+
+/// Double binary tree all-reduce (see [`Algo::Tree`]). Tree 0 places rank r at position r, tree 1
+/// at position (r + n - 1) mod n; tree t reduces and broadcasts half t of the buffer. Per chunk:
+/// up — a leaf sends its input to its parent; an inner node adds its children's messages to its
+/// input (the first into its output, the second on the way up); the root's last addition is the
+/// result. Down, `TREE_LAG` rounds later: receive from the parent (the root reads its output),
+/// write, forward to the children. Every message is sent and received at the same position of
+/// the (round, phase, tree) sequence on both sides, which keeps the connection FIFOs in order.
+fn double_tree(b: &mut Builder, p: &Params) {
+    let (n, r, c, ch) = (p.nranks, p.rank, p.count, p.chunk);
+    let t = binary_tree(n);
+    let half = c / 2;
+    let halves = [(0, half), (half, c)];
+    // tree index -> (parent, children) of this rank, in ranks
+    let node = |tree: usize| {
+        let to_rank = |pos: usize| if tree == 0 { pos } else { (pos + 1) % n };
+        let pos = if tree == 0 { r } else { (r + n - 1) % n };
+        let (par, kids) = &t[pos];
+        (par.map(to_rank), kids.iter().map(|&k| to_rank(k)).collect::<Vec<_>>())
+    };
+    let nodes = [node(0), node(1)];
+    let rounds = (c - half).div_ceil(ch);
+    let up = |b: &mut Builder, tree: usize, k: usize| {
+        let (par, kids) = &nodes[tree];
+        let (o, l) = chunk_of(halves[tree].0, halves[tree].1, k, ch);
+        let root = par.is_none();
+        match kids.len() {
+            0 => b.step(Step { recv: None, src: inp(o), dst: None, send: *par, count: l, post: false }),
+            _ => {
+                if kids.len() == 2 {
+                    b.step(Step { recv: Some(kids[0]), src: inp(o), dst: out(o), send: None, count: l, post: false });
+                }
+                let last = kids[kids.len() - 1];
+                let src = if kids.len() == 2 { out(o) } else { inp(o) };
+                let dst = if root { out(o) } else { None };
+                b.step(Step { recv: Some(last), src, dst, send: *par, count: l, post: root && p.avg });
+            }
+        }
+    };
+    let down = |b: &mut Builder, tree: usize, k: usize| {
+        let (par, kids) = &nodes[tree];
+        let (o, l) = chunk_of(halves[tree].0, halves[tree].1, k, ch);
+        let mut kids = kids.iter().copied();
+        if let Some(par) = *par {
+            b.step(Step { recv: Some(par), src: None, dst: out(o), send: kids.next(), count: l, post: false });
+        }
+        for kid in kids {
+            b.step(Step { recv: None, src: out(o), dst: None, send: Some(kid), count: l, post: false });
+        }
+    };
+    for k in 0..rounds + TREE_LAG {
+        if k < rounds {
+            up(b, 0, k);
+            up(b, 1, k);
+        }
+        if k >= TREE_LAG {
+            down(b, 0, k - TREE_LAG);
+            down(b, 1, k - TREE_LAG);
+        }
+    }
+}
+
 /// Deterministic schedules: the owner of each block accumulates every rank's contribution, its
 /// own included (through a connection to itself), in rank order 0..n-1; all-reduce then shares
 /// the blocks with a ring all-gather.
@@ -764,6 +954,33 @@ pub mod cost {
             Coll::Send => count,
             Coll::Recv => 0,
         }
+    }
+
+    /// Elements rank `rank` sends in a Rabenseifner all-reduce of `count` elements: with p2 the
+    /// largest power of two <= n, `B'_r` rank r's block of p2 blocks and `G_d(r)` the d aligned
+    /// blocks holding r, a rank below p2 sends `S - |B'_r|` in the halving rounds and the sum of
+    /// `|G_d(r)|` over d = 1, 2, ..., p2/2 in the doubling rounds, plus S if it folds an extra rank
+    /// in; an extra rank sends S.
+    pub fn rabenseifner_elements_sent(nranks: usize, rank: usize, count: usize) -> usize {
+        if nranks == 1 {
+            return 0;
+        }
+        let p2 = 1usize << (usize::BITS - 1 - nranks.leading_zeros());
+        if rank >= p2 {
+            return count;
+        }
+        let blocks = |lo: usize, hi: usize| block(count, p2, hi - 1).1 - block(count, p2, lo).0;
+        let halving = count - blocks(rank, rank + 1);
+        let doubling: usize =
+            (0..p2.trailing_zeros()).map(|i| 1 << i).map(|d| blocks(rank & !(d - 1), (rank & !(d - 1)) + d)).sum();
+        halving + doubling + if rank < nranks - p2 { count } else { 0 }
+    }
+
+    /// Elements all ranks together send in a double-binary-tree all-reduce: in each tree every
+    /// rank but the root sends its half up once and receives it down once, so `2(n-1)·S` in all,
+    /// the ring's total, but spread unevenly (inner nodes send up to 1.5 S, leaves 0.5 S).
+    pub fn tree_total_elements_sent(nranks: usize, count: usize) -> usize {
+        2 * (nranks - 1) * count
     }
 
     /// Messages (steps that send) per rank for a ring all-reduce: 2(n-1) per chunk round.

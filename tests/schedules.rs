@@ -159,11 +159,37 @@ fn broken_schedules_are_caught() {
     assert!(oxccl::sim::check_symbolic_with(&case, &s).is_err());
 }
 
+/// Tree and Rabenseifner at larger and awkward rank counts (one above and below powers of two).
+#[test]
+fn tree_and_rabenseifner_at_scale() {
+    for n in [31, 32, 33, 63, 64, 100] {
+        for algo in [Algo::Tree, Algo::Rabenseifner] {
+            for (count, chunk) in [(1000, 7), (5, 2), (n * 64 + 3, 64)] {
+                let case = Case {
+                    coll: Coll::AllReduce,
+                    nranks: n,
+                    count,
+                    root: 0,
+                    chunk,
+                    inplace: count % 2 == 0,
+                    avg: count % 2 == 1,
+                    depth: 2,
+                    algo,
+                    hosts: 1,
+                };
+                if let Err(e) = check_symbolic(&case) {
+                    panic!("{case:?}: {e}");
+                }
+            }
+        }
+    }
+}
+
 /// docs/algorithms.md states these costs; the schedules must match them exactly.
 #[test]
 fn costs_match_the_documented_formulas() {
     let doc = include_str!("../docs/algorithms.md");
-    for needle in ["2S - |B_r| - |B_(r+1)|", "(n-1)·c", "2(n-1)"] {
+    for needle in ["2S - |B_r| - |B_(r+1)|", "(n-1)·c", "2(n-1)", "S - |B'_r|", "2(n-1)·S in all"] {
         assert!(doc.contains(needle), "docs/algorithms.md lost the formula {needle:?}");
     }
     for n in 1..=12 {
@@ -189,6 +215,21 @@ fn costs_match_the_documented_formulas() {
                     }
                 }
             }
+        }
+        for count in [0, 1, 5, 64, 1000] {
+            let sched = |algo, rank| {
+                build(&Params { coll: Coll::AllReduce, nranks: n, rank, count, root: 0, chunk: 7, avg: false, algo })
+            };
+            let mut tree_total = 0;
+            for rank in 0..n {
+                assert_eq!(
+                    sched(Algo::Rabenseifner, rank).elements_sent(),
+                    cost::rabenseifner_elements_sent(n, rank, count),
+                    "rabenseifner n={n} rank={rank} count={count}"
+                );
+                tree_total += sched(Algo::Tree, rank).elements_sent();
+            }
+            assert_eq!(tree_total, cost::tree_total_elements_sent(n, count), "tree n={n} count={count}");
         }
         if n > 1 {
             // one chunk round of allreduce: 2(n-1) sends per rank
@@ -286,7 +327,7 @@ mod props {
             op_i in 0usize..6,
             inplace in any::<bool>(),
             depth in 2usize..5,
-            algo in prop::sample::select(vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered, Algo::Hierarchical]),
+            algo in prop::sample::select(Algo::ALL.to_vec()),
         ) {
             let op = if coll.reduces() {
                 if op_i == 5 { premul_two(dt) } else { ReduceOp::BASIC[op_i] }
@@ -306,7 +347,7 @@ mod props {
 /// awkward counts, every root, tiny chunks, both layouts; numerically for every type and op.
 #[test]
 fn other_algorithms_in_the_simulator() {
-    for algo in [Algo::RecursiveDoubling, Algo::Ordered] {
+    for algo in [Algo::RecursiveDoubling, Algo::Ordered, Algo::Tree, Algo::Rabenseifner] {
         let colls: &[Coll] = if algo == Algo::Ordered {
             &[Coll::AllReduce, Coll::ReduceScatter, Coll::Reduce]
         } else {
@@ -417,8 +458,8 @@ fn hierarchical_in_the_simulator() {
 #[test]
 fn fingerprints_decode_to_the_call() {
     use oxccl::schedule::Fingerprint;
-    for algo in [Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered, Algo::Hierarchical] {
-        for root in [0, 1, 5, 200_000] {
+    for algo in Algo::ALL {
+        for root in [0, 1, 5, 100_000] {
             let fp =
                 Fingerprint { coll: Coll::Broadcast, dtype: DataType::BF16, op: ReduceOp::Max, root, count: 77, algo };
             let wire = Fingerprint::describe_wire(77, fp.call_word());

@@ -339,9 +339,15 @@ fn deterministic_mode_is_bitwise_identical_across_algorithms_and_chunks() {
     let ins: Vec<Vec<f32>> = (0..n).map(|r| noisy_floats(r, count)).collect();
     // rank-order left fold: ((x0 + x1) + x2) + ...
     let want: Vec<u32> = (0..count).map(|i| (1..n).fold(ins[0][i], |a, r| a + ins[r][i]).to_bits()).collect();
-    for (algo, chunk) in
-        [("ring", 4096), ("recdouble", 4096), ("ring", 256), ("recdouble", 64), ("ring,recdouble", 65536)]
-    {
+    for (algo, chunk) in [
+        ("ring", 4096),
+        ("recdouble", 4096),
+        ("ring", 256),
+        ("recdouble", 64),
+        ("tree", 1024),
+        ("rabenseifner", 512),
+        ("ring,recdouble", 65536),
+    ] {
         let cf = Config { deterministic: true, algo: Some(algo.into()), chunk_bytes: chunk, ..cfg() };
         for (r, out) in allreduce_with(cf, n, count).iter().enumerate() {
             let got: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
@@ -357,8 +363,8 @@ fn deterministic_mode_is_bitwise_identical_across_algorithms_and_chunks() {
 
 #[test]
 fn forced_algorithms_run_every_type_and_op_exactly() {
-    for algo in ["recdouble", "ring"] {
-        for n in [2, 3, 5] {
+    for algo in ["recdouble", "ring", "tree", "rabenseifner"] {
+        for n in [2, 3, 5, 8] {
             let comms = Communicator::init_all_with_config(n, Config { algo: Some(algo.into()), ..cfg() }).unwrap();
             on_all(comms, |c| {
                 for dt in DataType::ALL {
@@ -370,7 +376,7 @@ fn forced_algorithms_run_every_type_and_op_exactly() {
             });
         }
     }
-    let e = Communicator::init_all_with_config(2, Config { algo: Some("Tree".into()), ..cfg() }).unwrap_err();
+    let e = Communicator::init_all_with_config(2, Config { algo: Some("NVLS".into()), ..cfg() }).unwrap_err();
     assert!(e.to_string().contains("not implemented"), "{e}");
     let e = Communicator::init_all_with_config(2, Config { proto: Some("LL128".into()), ..cfg() }).unwrap_err();
     assert!(e.to_string().contains("Simple"), "{e}");
