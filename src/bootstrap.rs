@@ -150,6 +150,12 @@ pub fn host_id(cfg: &Config) -> u64 {
     u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().unwrap())
 }
 
+/// Kernel identity: a hash of the boot id (shared by every network namespace of one machine).
+pub fn machine_id() -> u64 {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    u64::from_le_bytes(blake3::hash(format!("machine:{}", boot.trim()).as_bytes()).as_bytes()[..8].try_into().unwrap())
+}
+
 /// This host's name.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

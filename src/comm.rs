@@ -42,6 +42,8 @@ pub(crate) struct State {
     error: Option<Error>,
     /// Schedules built recently, keyed by their parameters (training loops repeat operations).
     sched_cache: std::collections::HashMap<SchedKey, Arc<crate::schedule::Schedule>>,
+    /// The schedule of the last call (most calls repeat it; skips hashing the key).
+    last_sched: Option<(SchedKey, Arc<crate::schedule::Schedule>)>,
 }
 
 type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
@@ -71,7 +73,10 @@ pub(crate) struct Shared {
     algos: Vec<crate::schedule::Algo>,
     /// Host index of every rank (hosts numbered in order of their lowest rank).
     host_of: Vec<usize>,
-    last_choice: Mutex<Option<(Coll, crate::schedule::Algo)>>,
+    /// Ranks of this communicator on this host per core (at least 1).
+    oversub: f64,
+    /// The last tuner decision: (operation, bytes, algorithm).
+    last_choice: Mutex<Option<(Coll, usize, crate::schedule::Algo)>>,
     rank: usize,
     nranks: usize,
     comm_id: u64,
@@ -208,6 +213,7 @@ impl Communicator {
             rank,
             host_id: bootstrap::host_id(&cfg),
             pid: std::process::id(),
+            machine: bootstrap::machine_id(),
             hostname: bootstrap::hostname(),
             ip,
         };
@@ -235,13 +241,7 @@ impl Communicator {
         let comm_id = comm_id_of(&prefix);
         let algos = match &cfg.algo {
             Some(spec) => crate::config::parse_algos(spec).map_err(|e| e.with_rank(rank))?,
-            None => {
-                vec![
-                    crate::schedule::Algo::Ring,
-                    crate::schedule::Algo::RecursiveDoubling,
-                    crate::schedule::Algo::Hierarchical,
-                ]
-            }
+            None => crate::config::TUNED.to_vec(),
         };
         let mut host_ids: Vec<u64> = Vec::new();
         let host_of: Vec<usize> = peers
@@ -257,9 +257,10 @@ impl Communicator {
         if let Some(p) = &cfg.proto {
             crate::config::check_proto(p).map_err(|e| e.with_rank(rank))?;
         }
-        let local = peers.iter().filter(|p| p.host_id == peers[rank].host_id).count();
         let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-        let oversubscribed = local > cores;
+        // ranks on this machine's cores, whatever their network namespace (host id)
+        let on_cores = peers.iter().filter(|p| p.machine == peers[rank].machine).count();
+        let oversubscribed = on_cores > cores;
         let us = std::time::Duration::from_micros;
         let spin = cfg.spin.unwrap_or(if oversubscribed { us(0) } else { us(50) });
         let yield_for = cfg.yield_for.unwrap_or(if oversubscribed { us(1000) } else { us(50) });
@@ -279,6 +280,7 @@ impl Communicator {
                     .map(|d| d.as_millis())
                     .unwrap_or(0),
                 host_of,
+                oversub: (on_cores as f64 / cores as f64).max(1.0),
                 spin,
                 yield_for,
                 algos,
@@ -302,6 +304,7 @@ impl Communicator {
                     splits: 0,
                     error: None,
                     sched_cache: Default::default(),
+                    last_sched: None,
                 }),
                 aborted: AtomicBool::new(false),
                 abort_bell: Doorbell::new()?,
@@ -507,7 +510,7 @@ impl Communicator {
         let mut g = Group::new();
         g.add(self, desc, mem)?;
         let run = g
-            .prepare(&[self])?
+            .prepare(&[self], Instant::now())?
             .pop()
             .and_then(|r| r.into_static())
             .ok_or_else(|| Error::internal("owned op lost its buffers"))?;
@@ -796,16 +799,13 @@ impl<'s> Setup<'s> {
         format!("{}/{kind}/{a}->{b}", self.sh.prefix)
     }
 
-    fn new(sh: &'s Shared, rx: &[usize], tx: &[usize], doing: Option<(u64, String)>) -> Self {
+    fn new(sh: &'s Shared, rx: &[usize], tx: &[usize], doing: Option<(u64, Fingerprint)>) -> Self {
         let st = sh.state.lock().unwrap();
-        Setup {
-            sh,
-            rx: rx.iter().copied().filter(|&p| st.conns.recv[p].is_none()).collect(),
-            tx: tx.iter().copied().filter(|&q| st.conns.send[q].is_none()).collect(),
-            pending: Vec::new(),
-            deadline: Instant::now() + sh.cfg.timeout,
-            doing,
-        }
+        let rx: Vec<usize> = rx.iter().copied().filter(|&p| st.conns.recv[p].is_none()).collect();
+        let tx: Vec<usize> = tx.iter().copied().filter(|&q| st.conns.send[q].is_none()).collect();
+        // described only when there is something to set up (not on every call)
+        let doing = doing.filter(|_| !rx.is_empty() || !tx.is_empty()).map(|(seq, fp)| (seq, fp.to_string()));
+        Setup { sh, rx, tx, pending: Vec::new(), deadline: Instant::now() + sh.cfg.timeout, doing }
     }
 
     fn publish(&mut self) -> Result<()> {
@@ -861,18 +861,18 @@ impl<'s> Setup<'s> {
 }
 
 impl Shared {
-    fn record(&self, seq: u64, fp: Fingerprint, sched: Arc<crate::schedule::Schedule>) {
+    fn record(&self, seq: u64, fp: Fingerprint, sched: Arc<crate::schedule::Schedule>, start: Instant) {
         let mut r = self.recorder.lock().unwrap();
         if r.len() == RECORDS {
             r.pop_front();
         }
-        r.push_back(Record { seq, fp, sched, start: Instant::now(), end: None, failed: false });
+        r.push_back(Record { seq, fp, sched, start, end: None, failed: false });
     }
 
-    fn record_end(&self, seq: u64, fp: Fingerprint, done: bool) {
+    fn record_end(&self, seq: u64, fp: Fingerprint, done: bool, end: Instant) {
         let mut r = self.recorder.lock().unwrap();
         if let Some(x) = r.iter_mut().rev().find(|x| x.seq == seq && x.fp == fp && x.end.is_none()) {
-            x.end = Some(Instant::now());
+            x.end = Some(end);
             x.failed = !done;
         }
     }
@@ -1018,10 +1018,16 @@ impl Shared {
 
     /// The tuner: the algorithm for `coll` on `bytes` per rank buffer. Deterministic mode forces
     /// the ordered schedules for reductions; otherwise an α-β model picks among the allowed
-    /// algorithms (ring, recursive doubling, hierarchical when ranks share hosts across several
-    /// hosts), with shared-memory constants inside a host and network constants between hosts.
+    /// algorithms (ring, recursive doubling, Rabenseifner, double binary tree, hierarchical when
+    /// ranks share hosts across several hosts), with shared-memory constants inside a host and network constants between hosts.
     pub(crate) fn choose_algo(&self, coll: Coll, bytes: usize) -> crate::schedule::Algo {
         use crate::schedule::Algo;
+        let mut last = self.last_choice.lock().unwrap();
+        if let Some((c, b, a)) = *last {
+            if c == coll && b == bytes {
+                return a; // the common case: the same call again
+            }
+        }
         let algo = if self.cfg.deterministic && coll.reduces() {
             Algo::Ordered
         } else if coll != Coll::AllReduce {
@@ -1035,31 +1041,46 @@ impl Shared {
             let h = hosts as f64;
             let g = (0..hosts).map(|x| self.host_of.iter().filter(|&&y| y == x).count()).max().unwrap_or(1) as f64;
             let s = bytes as f64; // bytes; betas in bytes/µs
-            let (sa, sb) = (t.shm_alpha_us, t.shm_beta_gbps * 1e3);
+            let sa = t.shm_alpha_us + (self.oversub - 1.0) * t.switch_us;
+            let sb = t.shm_beta_gbps * 1e3;
+            // log-round algorithms lose bandwidth when ranks wait for cores
+            let pen = if self.oversub > 1.0 { t.oversub_round_factor } else { 1.0 };
             let (na, nb) = (t.net_alpha_us, t.net_beta_gbps * 1e3);
             let one_host = hosts == 1 && !self.cfg.shm_disable;
             let (alpha, beta) = if one_host { (sa, sb) } else { (na, nb) };
             let ring = 2.0 * (n - 1.0) * alpha + 2.0 * (n - 1.0) / n * s / beta;
             let p2 = (1usize << (usize::BITS - 1 - self.nranks.leading_zeros())) as f64;
-            let rd = (p2.log2() + if p2 < n { 2.0 } else { 0.0 }) * (alpha + s / beta);
+            let fold = if p2 < n { 2.0 } else { 0.0 };
+            // recursive doubling moves the whole message every round: twice the penalty
+            let pen_rd = if pen > 1.0 { 2.0 * pen } else { 1.0 };
+            let rd = (p2.log2() + fold) * (alpha + pen_rd * s / beta);
+            let rab = (2.0 * p2.log2() + fold) * alpha + pen * (2.0 * (p2 - 1.0) / p2 + fold) * s / beta;
+            let depth = (usize::BITS - self.nranks.leading_zeros()) as f64;
+            let tree = 2.0 * depth * alpha + pen * 2.0 * s / beta;
             let hier = if hosts > 1 && hosts < self.nranks {
                 2.0 * ((g - 1.0) * sa + s / sb) + 2.0 * (h - 1.0) * na + 2.0 * (h - 1.0) / h * s / nb
             } else {
                 f64::INFINITY
             };
             let mut best = (f64::INFINITY, Algo::Ring);
-            for (cost, a) in [(ring, Algo::Ring), (rd, Algo::RecursiveDoubling), (hier, Algo::Hierarchical)] {
+            let costs = [
+                (ring, Algo::Ring),
+                (rd, Algo::RecursiveDoubling),
+                (rab, Algo::Rabenseifner),
+                (tree, Algo::Tree),
+                (hier, Algo::Hierarchical),
+            ];
+            for (cost, a) in costs {
                 if self.algos.contains(&a) && cost < best.0 {
                     best = (cost, a);
                 }
             }
             best.1
         };
-        let mut last = self.last_choice.lock().unwrap();
-        if *last != Some((coll, algo)) {
+        if last.map(|(c, _, a)| (c, a)) != Some((coll, algo)) {
             tracing::info!("[{}] oxccl: {} of {bytes} bytes uses {}", self.rank, coll.name(), algo.name());
-            *last = Some((coll, algo));
         }
+        *last = Some((coll, bytes, algo));
         algo
     }
 
@@ -1154,14 +1175,16 @@ impl<'a> Group<'a> {
         for c in &comms {
             c.sh.wait_async_idle();
         }
-        let mut runs = self.prepare(&comms)?;
+        let now = Instant::now(); // one clock read for the deadline and the flight record
+        let mut runs = self.prepare(&comms, now)?;
         let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
-        let deadline = shareds.iter().map(|sh| Instant::now() + sh.cfg.timeout).max().unwrap();
+        let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
         let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline });
+        let end = Instant::now();
         for r in &runs {
-            shareds[r.comm].record_end(r.seq, r.fp, r.done());
+            shareds[r.comm].record_end(r.seq, r.fp, r.done(), end);
         }
         match res {
             Ok(()) => Ok(()),
@@ -1193,7 +1216,7 @@ impl<'a> Group<'a> {
 
     /// Sequence numbers, schedules and connections for every op (the caller holds the busy
     /// guards of `comms`).
-    fn prepare(self, comms: &[&'a Communicator]) -> Result<Vec<OpRun<'a>>> {
+    fn prepare(self, comms: &[&'a Communicator], now: Instant) -> Result<Vec<OpRun<'a>>> {
         for c in comms {
             check_state(&c.sh, &c.sh.state.lock().unwrap())?;
         }
@@ -1216,39 +1239,52 @@ impl<'a> Group<'a> {
                 *ctr += 1;
                 let seq = *ctr - 1;
                 let key = (d.coll, d.count, d.root, chunk, avg, algo);
-                let sched = match st.sched_cache.get(&key) {
-                    Some(s) => s.clone(),
-                    None => {
-                        let params = Params {
-                            coll: d.coll,
-                            nranks: sh.nranks,
-                            rank: sh.rank,
-                            count: d.count,
-                            root: d.root,
-                            chunk,
-                            avg,
-                            algo,
-                        };
-                        let s = Arc::new(if algo == crate::schedule::Algo::Hierarchical {
-                            crate::schedule::build_hierarchical(&params, &sh.host_of)
-                        } else {
-                            build(&params)
-                        });
-                        if st.sched_cache.len() >= 256 {
-                            st.sched_cache.clear();
+                let sched = match st.last_sched.as_ref().filter(|(k, _)| *k == key) {
+                    Some((_, s)) => s.clone(),
+                    None => match st.sched_cache.get(&key) {
+                        Some(s) => s.clone(),
+                        None => {
+                            let params = Params {
+                                coll: d.coll,
+                                nranks: sh.nranks,
+                                rank: sh.rank,
+                                count: d.count,
+                                root: d.root,
+                                chunk,
+                                avg,
+                                algo,
+                            };
+                            let s = Arc::new(if algo == crate::schedule::Algo::Hierarchical {
+                                crate::schedule::build_hierarchical(&params, &sh.host_of)
+                            } else {
+                                build(&params)
+                            });
+                            if st.sched_cache.len() >= 256 {
+                                st.sched_cache.clear();
+                            }
+                            st.sched_cache.insert(key, s.clone());
+                            s
                         }
-                        st.sched_cache.insert(key, s.clone());
-                        s
-                    }
+                    },
                 };
+                st.last_sched = Some((key, sched.clone()));
                 (seq, sched)
             };
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
-            sh.record(seq, fp, sched.clone());
+            sh.record(seq, fp, sched.clone(), now);
             runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
         }
-        // pass 2: connect what the ops need, all communicators phase by phase
+        // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
+        // and nothing allocated, when every connection exists: the steady state)
+        let connected = runs.iter().all(|r| {
+            let st = comms[r.comm].sh.state.lock().unwrap();
+            let (rx, tx) = r.sched.peers();
+            rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some())
+        });
+        if connected {
+            return Ok(runs);
+        }
         let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
         let mut setups: Vec<Setup<'_>> = shareds
             .iter()
@@ -1266,7 +1302,7 @@ impl<'a> Group<'a> {
                 tx.dedup();
                 let mine: Vec<&OpRun<'_>> = runs.iter().filter(|r| r.comm == ci).collect();
                 let doing = match mine.as_slice() {
-                    [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp.to_string())),
+                    [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp)),
                     _ => None,
                 };
                 Setup::new(sh, &rx, &tx, doing)

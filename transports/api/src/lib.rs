@@ -121,6 +121,9 @@ pub struct PeerInfo {
     pub host_id: u64,
     /// Process id.
     pub pid: u32,
+    /// Kernel identity (hash of the boot id): ranks in different network namespaces of one
+    /// machine have different `host_id`s but share its cores.
+    pub machine: u64,
     /// Host name, for messages.
     pub hostname: String,
     /// IP address data connections to this rank should use.
@@ -130,18 +133,20 @@ pub struct PeerInfo {
 impl PeerInfo {
     /// Encode as bytes for the bootstrap store.
     pub fn encode(&self) -> Vec<u8> {
-        format!("{}\t{}\t{}\t{}\t{}", self.rank, self.host_id, self.pid, self.ip, self.hostname).into_bytes()
+        format!("{}\t{}\t{}\t{}\t{}\t{}", self.rank, self.host_id, self.pid, self.machine, self.ip, self.hostname)
+            .into_bytes()
     }
     /// Decode what [`PeerInfo::encode`] wrote.
     pub fn decode(b: &[u8]) -> Result<PeerInfo> {
         let bad = || Error::remote("malformed peer info in the bootstrap store");
         let s = std::str::from_utf8(b).map_err(|_| bad())?;
-        let mut it = s.splitn(5, '\t');
+        let mut it = s.splitn(6, '\t');
         let mut next = || it.next().ok_or_else(bad);
         Ok(PeerInfo {
             rank: next()?.parse().map_err(|_| bad())?,
             host_id: next()?.parse().map_err(|_| bad())?,
             pid: next()?.parse().map_err(|_| bad())?,
+            machine: next()?.parse().map_err(|_| bad())?,
             ip: next()?.parse().map_err(|_| bad())?,
             hostname: next()?.to_string(),
         })
@@ -306,8 +311,14 @@ mod tests {
 
     #[test]
     fn peer_info_roundtrip() {
-        let p =
-            PeerInfo { rank: 3, host_id: u64::MAX, pid: 42, hostname: "a\tb".into(), ip: "10.0.0.1".parse().unwrap() };
+        let p = PeerInfo {
+            rank: 3,
+            host_id: u64::MAX,
+            pid: 42,
+            machine: 7,
+            hostname: "a\tb".into(),
+            ip: "10.0.0.1".parse().unwrap(),
+        };
         assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
         assert!(PeerInfo::decode(b"x\ty").is_err());
     }

@@ -6,7 +6,10 @@
 //! descriptor. Nothing survives the processes, even after `kill -9`, and the 64 MiB `/dev/shm` of
 //! containers does not limit it.
 //!
-//! Head (written by the sender) and tail (written by the receiver) sit on separate cache lines.
+//! Each slot has a header line (64 bytes: frame header, a payload of up to 16 bytes inline, and a
+//! flag naming the message the slot holds). The receiver polls the flag of its next slot, so a
+//! small message costs it one cache line (LL-style: data and flag together); the sender keeps a
+//! cached copy of the receiver's tail and rereads it only when the ring looks full.
 //! Waits spin in the executor, then block: the waiting side sets a `waiting` flag and polls its
 //! process's doorbell (a pipe); the other side rings it only when the flag is set, so no system
 //! call is made on the fast path when nobody sleeps.
@@ -121,7 +124,16 @@ impl Transport for ShmTransport {
         seg.u32_at(OFF_SENDER_PID).store(std::process::id(), Ordering::Relaxed);
         seg.u32_at(OFF_SENDER_DOORBELL).store(self.doorbell.write_fd() as u32, Ordering::Relaxed);
         seg.u32_at(OFF_ATTACHED).store(1, Ordering::Release);
-        Ok(Box::new(ShmSend { peer_pid: pid, peer, seg, cfg, head: 0, doorbell: self.doorbell.clone(), peer_doorbell }))
+        Ok(Box::new(ShmSend {
+            peer_pid: pid,
+            peer,
+            seg,
+            cfg,
+            head: 0,
+            tail_seen: 0,
+            doorbell: self.doorbell.clone(),
+            peer_doorbell,
+        }))
     }
 }
 
@@ -167,14 +179,24 @@ struct ShmSend {
     seg: Segment,
     cfg: ShmConfig,
     head: u64,
+    /// The receiver's tail as last read (it only grows): rereading it only when the ring looks
+    /// full keeps the receiver's line out of the fast path.
+    tail_seen: u64,
     doorbell: Arc<Doorbell>,
     peer_doorbell: OwnedFd,
 }
 
+fn header_line(slot: usize) -> usize {
+    OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE
+}
+
 impl ShmSend {
-    fn has_room(&self) -> bool {
-        let tail = self.seg.u64_at(OFF_TAIL).load(Ordering::Acquire);
-        self.head - tail < self.cfg.slots as u64
+    fn has_room(&mut self) -> bool {
+        if self.head - self.tail_seen < self.cfg.slots as u64 {
+            return true;
+        }
+        self.tail_seen = self.seg.u64_at(OFF_TAIL).load(Ordering::Acquire);
+        self.head - self.tail_seen < self.cfg.slots as u64
     }
 }
 
@@ -204,9 +226,16 @@ impl SendConn for ShmSend {
         }
         let slot = (self.head % self.cfg.slots as u64) as usize;
         let hb = header.encode();
-        self.seg.bytes_mut(OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE, HEADER_BYTES).copy_from_slice(&hb);
+        let line = header_line(slot);
+        self.seg.bytes_mut(line, HEADER_BYTES).copy_from_slice(&hb);
+        let len = header.len as usize;
+        if len <= INLINE_MAX {
+            let mut inline = [0u8; INLINE_MAX];
+            inline[..len].copy_from_slice(self.seg.bytes(OFF_PAYLOAD + slot * self.cfg.slot_bytes, len));
+            self.seg.bytes_mut(line + SLOT_INLINE, INLINE_MAX).copy_from_slice(&inline);
+        }
         self.head += 1;
-        self.seg.u64_at(OFF_HEAD).store(self.head, Ordering::Release);
+        self.seg.u64_at(line + SLOT_FLAG).store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.seg.u32_at(OFF_RECEIVER_WAITING).load(Ordering::Relaxed) != 0 {
             ring_fd(self.peer_doorbell.as_raw_fd());
@@ -224,6 +253,7 @@ impl SendConn for ShmSend {
 
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.seg.u32_at(OFF_SENDER_WAITING).store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst); // pairs with the fence in `consume`
         if self.has_room() {
             self.disarm();
             return Ok(None);
@@ -264,7 +294,8 @@ struct ShmRecv {
 
 impl ShmRecv {
     fn has_data(&self) -> bool {
-        self.seg.u64_at(OFF_HEAD).load(Ordering::Acquire) > self.tail
+        let slot = (self.tail % self.cfg.slots as u64) as usize;
+        self.seg.u64_at(header_line(slot) + SLOT_FLAG).load(Ordering::Acquire) == self.tail + 1
     }
 }
 
@@ -280,10 +311,14 @@ impl RecvConn for ShmRecv {
             return Ok(None);
         }
         let slot = (self.tail % self.cfg.slots as u64) as usize;
-        let hb = self.seg.bytes(OFF_SLOT_HEADERS + slot * SLOT_HEADER_STRIDE, HEADER_BYTES);
-        let h = Header::decode(hb, self.cfg.slot_bytes).map_err(|e| e.with_peer(self.peer))?;
-        let off = OFF_PAYLOAD + slot * self.cfg.slot_bytes;
-        Ok(Some((h, self.seg.bytes(off, h.len as usize))))
+        let line = header_line(slot);
+        let h = Header::decode(self.seg.bytes(line, HEADER_BYTES), self.cfg.slot_bytes)
+            .map_err(|e| e.with_peer(self.peer))?;
+        let len = h.len as usize;
+        if len <= INLINE_MAX {
+            return Ok(Some((h, self.seg.bytes(line + SLOT_INLINE, len))));
+        }
+        Ok(Some((h, self.seg.bytes(OFF_PAYLOAD + slot * self.cfg.slot_bytes, len))))
     }
 
     fn consume(&mut self) -> Result<()> {
@@ -301,6 +336,7 @@ impl RecvConn for ShmRecv {
 
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.seg.u32_at(OFF_RECEIVER_WAITING).store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst); // pairs with the fence in `commit`
         if self.has_data() || self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::SeqCst) != 0 {
             self.disarm();
             return Ok(None);
@@ -371,6 +407,29 @@ mod tests {
         r.disarm();
         drop(s);
         assert!(r.peek().is_err(), "sender closed is reported");
+    }
+
+    #[test]
+    fn inline_and_slot_payloads_interleave() {
+        let cfg = ShmConfig { slots: 3, slot_bytes: 128 };
+        let a = ShmTransport::new(ctx(0), cfg).unwrap();
+        let b = ShmTransport::new(ctx(1), cfg).unwrap();
+        let (pending, blob) = b.setup_recv(0).unwrap();
+        let dl = Instant::now() + Duration::from_secs(5);
+        let mut s = a.connect_send(1, &blob, dl).unwrap();
+        let mut r = pending.accept(dl).unwrap();
+        // lengths around the inline limit, through several laps of the ring
+        let lens = [0usize, 1, INLINE_MAX, INLINE_MAX + 1, 128, 7, 64];
+        for (i, &len) in lens.iter().cycle().take(40).enumerate() {
+            let msg: Vec<u8> = (0..len).map(|j| (i * 31 + j) as u8).collect();
+            let slot = s.reserve().unwrap().expect("room");
+            slot[..len].copy_from_slice(&msg);
+            s.commit(Header { len: len as u32, step: i as u32, ..Default::default() }).unwrap();
+            let (h, p) = r.peek().unwrap().expect("message");
+            assert_eq!((h.step, p), (i as u32, &msg[..]), "message {i} of {len} bytes");
+            r.consume().unwrap();
+            assert!(r.peek().unwrap().is_none(), "no stale message after {i}");
+        }
     }
 
     #[test]

@@ -6,10 +6,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// Offsets inside the segment. Producer and consumer fields live on separate cache lines.
-pub const OFF_HEAD: usize = 0; // u64, written by the sender
-pub const OFF_SENDER_WAITING: usize = 8; // u32
-pub const OFF_TAIL: usize = 64; // u64, written by the receiver
-pub const OFF_RECEIVER_WAITING: usize = 72; // u32
+pub const OFF_TAIL: usize = 64; // u64, written by the receiver on every consume
+/// The waiting flags sit on a line of their own, written only when a side goes to sleep, so
+/// reading them after every commit and consume costs no cache miss.
+pub const OFF_SENDER_WAITING: usize = 192; // u32
+pub const OFF_RECEIVER_WAITING: usize = 196; // u32
 pub const OFF_MAGIC: usize = 128; // u32
 pub const OFF_ATTACHED: usize = 132; // u32: sender mapped it
 pub const OFF_SENDER_PID: usize = 136; // u32
@@ -17,8 +18,16 @@ pub const OFF_SENDER_DOORBELL: usize = 140; // u32 (fd number in the sender's pr
 pub const OFF_SENDER_CLOSED: usize = 144; // u32
 pub const OFF_RECEIVER_CLOSED: usize = 148; // u32
 pub const OFF_SLOT_HEADERS: usize = 256; // nslots * 64 bytes
-/// Stride of a slot header.
+/// Stride of a slot header: one cache line holding the frame header, an inline payload and the
+/// slot's flag (LL-style: a small message and its flag arrive in one line).
 pub const SLOT_HEADER_STRIDE: usize = 64;
+/// Where an inline payload starts inside a slot header line.
+pub const SLOT_INLINE: usize = 40;
+/// Largest payload carried inline in the slot header line.
+pub const INLINE_MAX: usize = 16;
+/// The slot's flag (u64) inside its header line: the number of the message it holds, plus one,
+/// stored last (release) by the sender; the receiver polls it.
+pub const SLOT_FLAG: usize = 56;
 /// Where payloads start.
 pub const OFF_PAYLOAD: usize = 4096;
 /// Most slots that fit the header page.
