@@ -270,7 +270,13 @@ impl Communicator {
         } else {
             Some(ShmTransport::new(ctx.clone(), ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes })?)
         };
-        let tcp = TcpTransport::new(ctx, TcpConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes }, peers[rank].ip);
+        let tcp_cfg = TcpConfig {
+            slots: cfg.slots,
+            slot_bytes: cfg.chunk_bytes,
+            lanes: cfg.nsocks,
+            socket_buffer: cfg.socket_buffer,
+        };
+        let tcp = TcpTransport::new(ctx, tcp_cfg, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
                 recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),

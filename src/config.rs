@@ -25,11 +25,20 @@ pub struct Config {
     pub slots: usize,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
+    /// TCP sockets per directed peer pair, frames striped over them (`OXCCL_NSOCKS`, else
+    /// NCCL's `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS`); default 1, at most 16. Several
+    /// sockets help where one flow is bound to one NIC queue or core; between network namespaces
+    /// of one 2-core machine they measured no better than one (bench/RESULTS.md).
+    pub nsocks: usize,
+    /// `SO_SNDBUF`/`SO_RCVBUF` of TCP data sockets in bytes (`OXCCL_SOCKET_BUFFER`); default
+    /// unset: the kernel's autotuning, which grows to `net.ipv4.tcp_{w,r}mem`'s maximum.
+    pub socket_buffer: Option<usize>,
     /// Host identity override (`OXCCL_HOSTID`, else `NCCL_HOSTID`); ranks with different values
     /// never use shared memory between them.
     pub host_id: Option<String>,
     /// Allowed algorithms, NCCL syntax (`OXCCL_ALGO`, else `NCCL_ALGO`): a comma list of
-    /// `ring`, `recdouble`; a leading `^` excludes. Checked when a communicator is created.
+    /// `ring`, `recdouble`, `rabenseifner`, `tree`, `hierarchical`; a leading `^` excludes.
+    /// Checked when a communicator is created.
     pub algo: Option<String>,
     /// Allowed protocols (`NCCL_PROTO`); oxccl has one protocol, `Simple`.
     pub proto: Option<String>,
@@ -82,6 +91,15 @@ impl Default for Config {
             chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"]).map(|v| ((v as usize).max(64) / 64) * 64).unwrap_or(256 << 10),
             slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(4),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
+            nsocks: env_num(&["OXCCL_NSOCKS"])
+                .or_else(|| {
+                    let per = env_num(&["NCCL_NSOCKS_PERTHREAD"]);
+                    let threads = env_num(&["NCCL_SOCKET_NTHREADS"]);
+                    (per.is_some() || threads.is_some()).then(|| per.unwrap_or(1.0) * threads.unwrap_or(1.0))
+                })
+                .map(|v| (v as usize).clamp(1, 16))
+                .unwrap_or(1),
+            socket_buffer: env_num(&["OXCCL_SOCKET_BUFFER"]).filter(|v| *v >= 4096.0).map(|v| v as usize),
             host_id: env_any(&["OXCCL_HOSTID", "NCCL_HOSTID"]),
             algo: env_any(&["OXCCL_ALGO", "NCCL_ALGO"]),
             proto: env_any(&["NCCL_PROTO"]),
@@ -190,7 +208,7 @@ pub fn check_proto(spec: &str) -> crate::Result<()> {
     let simple_allowed = names.iter().any(|n| n == "simple") != exclude;
     if !simple_allowed {
         return Err(crate::Error::invalid_usage(format!(
-            "NCCL_PROTO={spec:?}: oxccl implements only the Simple protocol (LL and LL128 are not implemented)"
+            "NCCL_PROTO={spec:?}: oxccl implements only the Simple protocol (it carries messages of up to 16 bytes inline with their flag on shared memory, LL-style, but LL and LL128 cannot be forced)"
         )));
     }
     Ok(())

@@ -54,10 +54,13 @@ fn every_collective_type_and_op_on_threads() {
 
 #[test]
 fn eight_ranks_large_messages_over_shm_and_tcp() {
-    for shm in [true, false] {
+    // shm; TCP with one socket per peer; TCP with frames striped over 3 sockets and set buffers
+    for (shm, nsocks, buffer) in [(true, 1, None), (false, 1, None), (false, 3, Some(1 << 20))] {
         let mut cf = cfg();
         cf.chunk_bytes = 64 << 10;
         cf.shm_disable = !shm;
+        cf.nsocks = nsocks;
+        cf.socket_buffer = buffer;
         let comms = Communicator::init_all_with_config(8, cf).unwrap();
         on_all(comms, |c| {
             for coll in [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll, Coll::Broadcast] {

@@ -1,9 +1,12 @@
 //! # oxccl-transport-tcp: sockets between hosts
 //!
-//! One TCP connection per directed peer pair. The receiver owns a listening socket per
-//! communicator rank; its setup blob carries the address and a fresh 16-byte token. The sender
-//! connects and, before anything else, sends a 56-byte hello: magic, version, the token and a
-//! keyed BLAKE3 proof of the job secret over (purpose, communicator, token).
+//! Each directed peer pair uses `lanes` TCP connections (`OXCCL_NSOCKS`/`NCCL_NSOCKS_PERTHREAD`,
+//! default 1), frames striped over them round robin (frame i on lane i mod lanes), so the
+//! kernel works on several streams at once and a lost segment stalls one lane, not the pair. The
+//! receiver owns a listening socket per communicator rank; its setup blob carries the address, a
+//! fresh 16-byte token and the lane count. The sender connects each lane and, before anything
+//! else, sends a 56-byte hello: magic, version, the lane's token and a keyed BLAKE3 proof of the
+//! job secret over (purpose, communicator, token).
 //!
 //! The [`acceptor`](Acceptor) reads hellos without blocking, with a per-socket deadline, so a
 //! silent, slow, garbage-sending or oversized stranger is dropped without delaying anyone; it never
@@ -38,16 +41,30 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Socket transport settings.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpConfig {
-    /// Send slots per connection.
+    /// Send slots per connection (shared by its lanes, at least 2 per lane).
     pub slots: usize,
     /// Payload bytes per frame.
     pub slot_bytes: usize,
+    /// Sockets per directed peer pair (1..=16).
+    pub lanes: usize,
+    /// `SO_SNDBUF`/`SO_RCVBUF` of data sockets in bytes; `None` leaves the kernel's autotuning.
+    pub socket_buffer: Option<usize>,
 }
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig { slots: 4, slot_bytes: 256 << 10 }
+        TcpConfig { slots: 4, slot_bytes: 256 << 10, lanes: 1, socket_buffer: None }
     }
+}
+
+/// Most lanes per peer pair.
+pub const MAX_LANES: usize = 16;
+
+/// The token of lane `i`: the connection's token with its last byte offset by the lane.
+fn lane_token(token: &[u8; 16], i: usize) -> [u8; 16] {
+    let mut t = *token;
+    t[15] = t[15].wrapping_add(i as u8);
+    t
 }
 
 /// The socket transport of one communicator rank.
@@ -61,6 +78,7 @@ pub struct TcpTransport {
 impl TcpTransport {
     /// A transport that listens on `ip` (the selected interface's address).
     pub fn new(ctx: TransportCtx, mut cfg: TcpConfig, ip: IpAddr) -> Self {
+        cfg.lanes = cfg.lanes.clamp(1, MAX_LANES);
         cfg.slots = cfg.slots.max(2);
         TcpTransport { ctx, cfg, ip, acceptor: Mutex::new(None) }
     }
@@ -226,10 +244,22 @@ pub fn connect_with_hello(
     Ok(s)
 }
 
-fn configure(s: &TcpStream) -> Result<()> {
+fn configure(s: &TcpStream, buffer: Option<usize>) -> Result<()> {
     s.set_nodelay(true)
         .and_then(|_| s.set_nonblocking(true))
-        .map_err(|e| Error::system("configuring a data socket", &e))
+        .map_err(|e| Error::system("configuring a data socket", &e))?;
+    if let Some(b) = buffer {
+        use nix::sys::socket::{setsockopt, sockopt};
+        setsockopt(s, sockopt::SndBuf, &b)
+            .and_then(|_| setsockopt(s, sockopt::RcvBuf, &b))
+            .map_err(|e| Error::system(format!("setting {b}-byte socket buffers"), &std::io::Error::from(e)))?;
+    }
+    Ok(())
+}
+
+/// Slots of each of `lanes` lanes sharing `slots`: at least 2 each.
+fn lane_slots(cfg: &TcpConfig) -> usize {
+    (cfg.slots / cfg.lanes).max(2)
 }
 
 impl Transport for TcpTransport {
@@ -253,7 +283,8 @@ impl Transport for TcpTransport {
         blob.extend_from_slice(&addr.port().to_le_bytes());
         blob.extend_from_slice(&token);
         blob.extend_from_slice(&(self.cfg.slot_bytes as u64).to_le_bytes());
-        Ok((Box::new(PendingTcp { acc, token, peer, max: self.cfg.slot_bytes }), blob))
+        blob.push(self.cfg.lanes as u8);
+        Ok((Box::new(PendingTcp { acc, token, peer, cfg: self.cfg, lanes: Vec::new() }), blob))
     }
 
     fn connect_send(&self, peer: usize, blob: &[u8], deadline: Instant) -> Result<Box<dyn SendConn>> {
@@ -264,12 +295,16 @@ impl Transport for TcpTransport {
             .and_then(|s| s.parse().ok())
             .ok_or_else(bad)?;
         let rest = blob.get(1 + n..).ok_or_else(bad)?;
-        if rest.len() != 2 + 16 + 8 {
+        if rest.len() != 2 + 16 + 8 + 1 {
             return Err(bad());
         }
         let port = u16::from_le_bytes([rest[0], rest[1]]);
         let token: [u8; 16] = rest[2..18].try_into().unwrap();
         let max = u64::from_le_bytes(rest[18..26].try_into().unwrap()) as usize;
+        let lanes = rest[26] as usize;
+        if !(1..=MAX_LANES).contains(&lanes) {
+            return Err(bad());
+        }
         if max != self.cfg.slot_bytes {
             return Err(Error::invalid_usage(format!(
                 "peer uses {max}-byte TCP frames, this rank {} (OXCCL_NET_CHUNK_BYTES must match on all ranks)",
@@ -277,10 +312,17 @@ impl Transport for TcpTransport {
             ))
             .with_peer(peer));
         }
-        let s = connect_with_hello(SocketAddr::new(ip, port), &self.ctx.secret, self.ctx.comm_id, &token, deadline)
-            .map_err(|e| e.with_peer(peer))?;
-        configure(&s)?;
-        Ok(Box::new(TcpSend::new(s, self.cfg, peer)))
+        // the receiver's lane count rules (it reads lane i for frame i mod lanes)
+        let cfg = TcpConfig { lanes, ..self.cfg };
+        let mut out = Vec::with_capacity(lanes);
+        for i in 0..lanes {
+            let t = lane_token(&token, i);
+            let s = connect_with_hello(SocketAddr::new(ip, port), &self.ctx.secret, self.ctx.comm_id, &t, deadline)
+                .map_err(|e| e.with_peer(peer))?;
+            configure(&s, cfg.socket_buffer)?;
+            out.push(TcpSend::new(s, lane_slots(&cfg), cfg.slot_bytes, peer));
+        }
+        Ok(Box::new(StripedSend { lanes: out, head: 0 }))
     }
 }
 
@@ -288,18 +330,23 @@ struct PendingTcp {
     acc: Arc<Mutex<Acceptor>>,
     token: [u8; 16],
     peer: usize,
-    max: usize,
+    cfg: TcpConfig,
+    lanes: Vec<TcpRecv>,
 }
 
 impl PendingRecv for PendingTcp {
-    fn accept(self: Box<Self>, deadline: Instant) -> Result<Box<dyn RecvConn>> {
+    fn accept(mut self: Box<Self>, deadline: Instant) -> Result<Box<dyn RecvConn>> {
         loop {
             let sources = {
                 let mut a = self.acc.lock().unwrap();
                 a.poll()?;
-                if let Some(s) = a.take(&self.token) {
-                    configure(&s)?;
-                    return Ok(Box::new(TcpRecv::new(s, self.max, self.peer)));
+                while self.lanes.len() < self.cfg.lanes {
+                    let Some(s) = a.take(&lane_token(&self.token, self.lanes.len())) else { break };
+                    configure(&s, self.cfg.socket_buffer)?;
+                    self.lanes.push(TcpRecv::new(s, self.cfg.slot_bytes, self.peer));
+                }
+                if self.lanes.len() == self.cfg.lanes {
+                    return Ok(Box::new(StripedRecv { lanes: std::mem::take(&mut self.lanes), tail: 0 }));
                 }
                 a.wait_sources()
             };
@@ -324,13 +371,13 @@ struct TcpSend {
 }
 
 impl TcpSend {
-    fn new(s: TcpStream, cfg: TcpConfig, peer: usize) -> Self {
+    fn new(s: TcpStream, slots: usize, slot_bytes: usize, peer: usize) -> Self {
         TcpSend {
             s,
             peer,
-            slot_bytes: cfg.slot_bytes,
-            bufs: (0..cfg.slots).map(|_| vec![0u8; HEADER_BYTES + cfg.slot_bytes]).collect(),
-            lens: vec![0; cfg.slots],
+            slot_bytes,
+            bufs: (0..slots).map(|_| vec![0u8; HEADER_BYTES + slot_bytes]).collect(),
+            lens: vec![0; slots],
             head: 0,
             flushed: 0,
             offset: 0,
@@ -428,6 +475,93 @@ impl SendConn for TcpSend {
             let h = Header { step: oxccl_transport::ABORT_STEP, ..Default::default() };
             let _ = self.s.write(&h.encode());
         }
+    }
+}
+
+/// A connection's lanes, frames striped round robin.
+struct StripedSend {
+    lanes: Vec<TcpSend>,
+    head: usize,
+}
+
+impl SendConn for StripedSend {
+    fn max_message(&self) -> usize {
+        self.lanes[0].max_message()
+    }
+
+    fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
+        let n = self.lanes.len();
+        self.lanes[self.head % n].reserve()
+    }
+
+    fn commit(&mut self, header: Header) -> Result<()> {
+        let n = self.lanes.len();
+        self.lanes[self.head % n].commit(header)?;
+        self.head += 1;
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        self.lanes.iter_mut().try_for_each(|l| l.progress())
+    }
+
+    fn pending(&self) -> bool {
+        self.lanes.iter().any(|l| l.pending())
+    }
+
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        // wait for the lane the next frame needs if it is full, else for any lane still flushing
+        let n = self.lanes.len();
+        let next = self.head % n;
+        self.progress()?;
+        if !self.lanes[next].room() {
+            return self.lanes[next].arm();
+        }
+        match self.lanes.iter_mut().find(|l| l.pending()) {
+            Some(l) => l.arm(),
+            None => Ok(None),
+        }
+    }
+
+    fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.lanes.iter().map(|l| l.memory()).sum()
+    }
+
+    fn abort(&mut self) {
+        self.lanes.iter_mut().for_each(|l| l.abort());
+    }
+}
+
+/// The receiving side of a connection's lanes: frame i comes from lane i mod lanes.
+struct StripedRecv {
+    lanes: Vec<TcpRecv>,
+    tail: usize,
+}
+
+impl RecvConn for StripedRecv {
+    fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].peek()
+    }
+
+    fn consume(&mut self) -> Result<()> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].consume()?;
+        self.tail += 1;
+        Ok(())
+    }
+
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].arm()
+    }
+
+    fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.lanes.iter().map(|l| l.memory()).sum()
     }
 }
 
@@ -554,7 +688,7 @@ mod tests {
 
     #[test]
     fn frames_flow_in_order_across_wraps() {
-        let cfg = TcpConfig { slots: 2, slot_bytes: 1000 };
+        let cfg = TcpConfig { slots: 2, slot_bytes: 1000, lanes: 3, socket_buffer: Some(1 << 20) };
         let a = TcpTransport::new(ctx(1), cfg, lo());
         let b = TcpTransport::new(ctx(1), cfg, lo());
         let (p, blob) = b.setup_recv(0).unwrap();
