@@ -268,7 +268,10 @@ impl Communicator {
         let shm = if cfg.shm_disable {
             None
         } else {
-            Some(ShmTransport::new(ctx.clone(), ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes })?)
+            Some(ShmTransport::new(
+                ctx.clone(),
+                ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes, cma: cfg.cma },
+            )?)
         };
         let tcp_cfg = TcpConfig {
             slots: cfg.slots,
@@ -1279,7 +1282,12 @@ impl<'a> Group<'a> {
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
             sh.record(seq, fp, sched.clone(), now);
-            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
+            let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
+            // single copy pays off only for operations larger than the caches
+            if sh.cfg.cma && d.count * d.dtype.size() >= sh.cfg.cma_min_bytes {
+                run.borrow_min = 4096;
+            }
+            runs.push(run);
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
         // and nothing allocated, when every connection exists: the steady state)

@@ -23,6 +23,16 @@ pub struct Config {
     pub chunk_bytes: usize,
     /// Slots per connection: `OXCCL_SLOTS`, default 4 (at least 2).
     pub slots: usize,
+    /// Single copy between processes of one host (`process_vm_readv`, Linux CMA) where the
+    /// kernel allows it: `OXCCL_CMA=0` turns it off. In operations of at least `cma_min_bytes`
+    /// (`OXCCL_CMA_MIN_BYTES`, count × type size, default 32 MiB), values that stay unchanged in
+    /// a user buffer until the operation ends are sent by reference; receivers that only copy
+    /// them read them straight from the sender's memory. Measured here, the kernel's copy runs
+    /// at about half of memcpy's speed, so it wins only once buffers no longer fit the caches
+    /// (bench/RESULTS.md).
+    pub cma: bool,
+    /// See [`Config::cma`].
+    pub cma_min_bytes: usize,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
     /// TCP sockets per directed peer pair, frames striped over them (`OXCCL_NSOCKS`, else
@@ -90,6 +100,8 @@ impl Default for Config {
             shm_disable: env_any(&["OXCCL_SHM_DISABLE", "NCCL_SHM_DISABLE"]).is_some_and(|v| v != "0"),
             chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"]).map(|v| ((v as usize).max(64) / 64) * 64).unwrap_or(256 << 10),
             slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(4),
+            cma: env_any(&["OXCCL_CMA"]).is_none_or(|v| v != "0"),
+            cma_min_bytes: env_num(&["OXCCL_CMA_MIN_BYTES"]).map(|v| v as usize).unwrap_or(32 << 20),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             nsocks: env_num(&["OXCCL_NSOCKS"])
                 .or_else(|| {

@@ -319,6 +319,9 @@ pub struct OpRun<'a> {
     rx_idx: Vec<u32>,
     /// What the op waits on, if it is blocked.
     pub blocked: Option<Blocked>,
+    /// Send values of at least this many bytes by reference where the transport and the
+    /// schedule allow (single copy); `usize::MAX` never.
+    pub borrow_min: usize,
 }
 
 impl<'a> OpRun<'a> {
@@ -347,6 +350,7 @@ impl<'a> OpRun<'a> {
             tx_idx: vec![0; nranks],
             rx_idx: vec![0; nranks],
             blocked: None,
+            borrow_min: usize::MAX,
         }
     }
 
@@ -371,6 +375,7 @@ impl<'a> OpRun<'a> {
             tx_idx: self.tx_idx,
             rx_idx: self.rx_idx,
             blocked: self.blocked,
+            borrow_min: self.borrow_min,
         })
     }
 
@@ -388,7 +393,7 @@ impl<'a> OpRun<'a> {
         let mut progressed = false;
         self.blocked = None;
         while let Some(step) = self.sched.steps.get(self.pc).copied() {
-            match self.try_step(&step, conns) {
+            match self.try_step(self.pc, &step, conns) {
                 Ok(true) => {
                     self.pc += 1;
                     progressed = true;
@@ -400,45 +405,81 @@ impl<'a> OpRun<'a> {
         Ok(progressed)
     }
 
-    fn try_step(&mut self, step: &Step, conns: &mut Conns) -> Result<bool> {
+    fn try_step(&mut self, pc: usize, step: &Step, conns: &mut Conns) -> Result<bool> {
         let es = self.fp.dtype.size();
+        let len = step.count * es;
         let Conns { send, recv } = conns;
-        let msg = match step.recv {
-            Some(p) => {
-                let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
-                match c.peek().map_err(|e| e.with_peer(p))? {
+        let split = matches!(self.mem, OpMem::Split { .. } | OpMem::OwnedSplit { .. });
+        // 1. the send side first, so nothing is received that could not be passed on
+        let mut borrowed: Option<Slice> = None;
+        let mut slot = None;
+        if let Some(q) = step.send {
+            let c = send[q].as_mut().ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
+            if c.max_message() < len {
+                return Err(Error::internal("step larger than the connection's messages"));
+            }
+            let premul_input = |v: Slice| matches!(self.fp.op, ReduceOp::PreMulSum(_)) && v.buf == Buf::Input;
+            let candidate = (split && len >= self.borrow_min)
+                .then(|| self.sched.stable_send(pc))
+                .flatten()
+                .filter(|v| !(premul_input(*v) && step.dst.is_none()));
+            if let Some(v) = candidate {
+                match c.borrow_ready(len).map_err(|e| e.with_peer(q))? {
                     None => {
-                        self.blocked = Some(Blocked::Recv(p));
+                        self.blocked = Some(Blocked::Send(q));
                         return Ok(false);
                     }
-                    Some((h, data)) => {
-                        self.check_header(&h, p, step.count * es)?;
-                        Some(data)
-                    }
+                    Some(true) => borrowed = Some(v),
+                    Some(false) => {}
                 }
             }
-            None => None,
-        };
-        let slot = match step.send {
-            Some(q) => {
-                let c = send[q].as_mut().ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
-                if c.max_message() < step.count * es {
-                    return Err(Error::internal("step larger than the connection's messages"));
-                }
+            if borrowed.is_none() {
                 match c.reserve().map_err(|e| e.with_peer(q))? {
                     None => {
                         self.blocked = Some(Blocked::Send(q));
                         return Ok(false);
                     }
-                    Some(s) => Some(s),
+                    Some(s) => slot = Some(s),
                 }
             }
-            None => None,
-        };
-        apply_step(step, self.fp.dtype, self.fp.op, self.nranks, &mut self.mem, msg, slot)?;
+        }
+        // 2. the receive side: a pure copy of a message sent by reference goes straight from
+        // the peer's memory into the destination (single copy)
+        let mut direct = false;
+        if let (Some(p), None, Some(d), false, true) = (step.recv, step.src, step.dst, step.post, split) {
+            let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
+            let expect = Expect::of(self, p, len);
+            let dst = output_window(&mut self.mem, d.offset * es, len)?;
+            if c.take_into(dst, &|h| expect.check(h)).map_err(|e| e.with_peer(p))?.is_some() {
+                direct = true;
+                RECEIVED_DIRECT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(s) = slot.as_deref_mut() {
+                    s[..len].copy_from_slice(output_window(&mut self.mem, d.offset * es, len)?);
+                }
+            }
+        }
+        if !direct {
+            let msg = match step.recv {
+                Some(p) => {
+                    let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
+                    match c.peek().map_err(|e| e.with_peer(p))? {
+                        None => {
+                            self.blocked = Some(Blocked::Recv(p));
+                            return Ok(false);
+                        }
+                        Some((h, data)) => {
+                            Expect::of(self, p, len).check(&h)?;
+                            Some(data)
+                        }
+                    }
+                }
+                None => None,
+            };
+            apply_step(step, self.fp.dtype, self.fp.op, self.nranks, &mut self.mem, msg, slot)?;
+        }
         if let Some(q) = step.send {
             let h = Header {
-                len: (step.count * es) as u32,
+                len: len as u32,
                 comm: self.comm_id,
                 seq: self.seq,
                 count: self.fp.count as u64,
@@ -446,7 +487,15 @@ impl<'a> OpRun<'a> {
                 call: self.fp.call_word(),
             };
             self.tx_idx[q] += 1;
-            send[q].as_mut().unwrap().commit(h).map_err(|e| e.with_peer(q))?;
+            let c = send[q].as_mut().unwrap();
+            match borrowed {
+                Some(v) => {
+                    SENT_BY_REFERENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    c.commit_borrowed(h, window_addr(&self.mem, v, es, len)?)
+                }
+                None => c.commit(h),
+            }
+            .map_err(|e| e.with_peer(q))?;
         }
         if let Some(p) = step.recv {
             self.rx_idx[p] += 1;
@@ -454,8 +503,37 @@ impl<'a> OpRun<'a> {
         }
         Ok(true)
     }
+}
 
-    fn check_header(&self, h: &Header, peer: usize, len: usize) -> Result<()> {
+static SENT_BY_REFERENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static RECEIVED_DIRECT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Single-copy counters of this process: (messages sent by reference, messages copied straight
+/// from a sender's memory into their destination).
+pub fn single_copy_counts() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (SENT_BY_REFERENCE.load(Relaxed), RECEIVED_DIRECT.load(Relaxed))
+}
+
+/// What the next message from a peer must carry.
+#[derive(Clone, Copy)]
+struct Expect {
+    rank: usize,
+    peer: usize,
+    comm_id: u64,
+    seq: u64,
+    fp: Fingerprint,
+    step: u32,
+    len: usize,
+}
+
+impl Expect {
+    fn of(op: &OpRun<'_>, peer: usize, len: usize) -> Expect {
+        Expect { rank: op.rank, peer, comm_id: op.comm_id, seq: op.seq, fp: op.fp, step: op.rx_idx[peer], len }
+    }
+
+    fn check(&self, h: &Header) -> Result<()> {
+        let (peer, len) = (self.peer, self.len);
         let call = self.fp.call_word();
         if h.comm != self.comm_id || h.seq != self.seq || h.count != self.fp.count as u64 || h.call != call {
             return Err(Error::invalid_usage(format!(
@@ -469,15 +547,36 @@ impl<'a> OpRun<'a> {
             ))
             .with_peer(peer));
         }
-        if h.step != self.rx_idx[peer] || h.len as usize != len {
+        if h.step != self.step || h.len as usize != len {
             return Err(Error::internal(format!(
                 "message {} of {} bytes from rank {peer}, expected message {} of {len} bytes",
-                h.step, h.len, self.rx_idx[peer]
+                h.step, h.len, self.step
             ))
             .with_peer(peer));
         }
         Ok(())
     }
+}
+
+/// Bytes `[off, off + len)` of the output buffer of an operation with separate buffers.
+fn output_window<'m>(mem: &'m mut OpMem<'_>, off: usize, len: usize) -> Result<&'m mut [u8]> {
+    let out: &mut [u8] = match mem {
+        OpMem::Split { output, .. } => output,
+        OpMem::OwnedSplit { output, .. } => output.bytes_mut(),
+        _ => return Err(Error::internal("single copy needs separate buffers")),
+    };
+    out.get_mut(off..off + len).ok_or_else(oob)
+}
+
+/// The address of a slice of an operation with separate buffers (a value sent by reference).
+fn window_addr(mem: &OpMem<'_>, v: Slice, es: usize, len: usize) -> Result<usize> {
+    let (input, output): (&[u8], &[u8]) = match mem {
+        OpMem::Split { input, output } => (input, output),
+        OpMem::OwnedSplit { input, output } => (input.bytes(), output.bytes()),
+        _ => return Err(Error::internal("single copy needs separate buffers")),
+    };
+    let b = if v.buf == Buf::Input { input } else { output };
+    b.get(v.offset * es..v.offset * es + len).map(|x| x.as_ptr() as usize).ok_or_else(oob)
 }
 
 /// What [`drive`] needs from each communicator involved.
@@ -664,6 +763,11 @@ pub(crate) fn block<C: DriveComm>(
         )
     });
     wanted.dedup();
+    if wanted.is_empty() && !ops.is_empty() {
+        // what the caller saw still in flight (a send being consumed) finished meanwhile:
+        // there is nothing to sleep on, so let it look again
+        return Ok(());
+    }
     let mut armed = vec![];
     let mut ready = false;
     for &(ci, b) in &wanted {

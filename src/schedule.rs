@@ -64,6 +64,9 @@ pub struct Schedule {
     /// The peers received from and sent to, derived from `steps` on first use (schedules are
     /// cached and reused, so this is computed once per schedule, not per call).
     peers: std::sync::OnceLock<(Vec<usize>, Vec<usize>)>,
+    /// Per step, the slice its sent value stays in, unchanged to the end (see
+    /// [`Schedule::stable_send`]), computed on first use.
+    stable: std::sync::OnceLock<Vec<Option<Slice>>>,
 }
 
 /// The operations.
@@ -858,7 +861,42 @@ pub fn build_hierarchical(p: &Params, host_of: &[usize]) -> Schedule {
 impl Schedule {
     /// A schedule of these steps.
     pub fn new(steps: Vec<Step>) -> Schedule {
-        Schedule { steps, peers: Default::default() }
+        Schedule { steps, peers: Default::default(), stable: Default::default() }
+    }
+
+    /// For step `i` that sends: the user-buffer slice that holds exactly the value it sends and
+    /// that no later step writes, with separate input and output buffers (the input is never
+    /// written). Such a value can be sent by reference (single copy): the receiver reads it
+    /// from this rank's memory at any time until the operation ends. The value is the step's
+    /// destination if it has one, else its source when nothing is combined into it (no receive,
+    /// no avg division; a pre-multiplied sum's input reads also change the value, which the
+    /// caller checks).
+    pub fn stable_send(&self, i: usize) -> Option<Slice> {
+        const MAX_STEPS: usize = 1 << 15; // the check is quadratic: skip giant schedules
+        let stable = self.stable.get_or_init(|| {
+            if self.steps.len() > MAX_STEPS {
+                return vec![None; self.steps.len()];
+            }
+            let overlaps = |a: Slice, an: usize, b: Slice, bn: usize| {
+                a.buf == b.buf && a.offset < b.offset + bn && b.offset < a.offset + an
+            };
+            (0..self.steps.len())
+                .map(|i| {
+                    let s = &self.steps[i];
+                    s.send?;
+                    let v = match (s.dst, s.recv, s.src) {
+                        (Some(d), _, _) => d,
+                        (None, None, Some(src)) if !s.post => src,
+                        _ => return None,
+                    };
+                    let later = &self.steps[i + 1..];
+                    let written = v.buf == Buf::Output
+                        && later.iter().any(|t| t.dst.is_some_and(|d| overlaps(d, t.count, v, s.count)));
+                    (!written).then_some(v)
+                })
+                .collect()
+        });
+        stable.get(i).copied().flatten()
     }
 
     /// Peers this schedule receives from and sends to (sorted, deduplicated). Computed once:

@@ -207,6 +207,19 @@ pub trait SendConn: Send {
     /// Tell the peer, best effort and without blocking, that this rank is closing the
     /// connection because it failed (its next receive reports [`PEER_ABORTED`]).
     fn abort(&mut self) {}
+    /// Single copy (optional): whether the next message of `len` bytes may be sent by
+    /// reference with [`SendConn::commit_borrowed`]. `Ok(None)`: the FIFO is full (wait, as for
+    /// `reserve`); `Ok(Some(false))`: not possible here (send it the ordinary way).
+    fn borrow_ready(&mut self, _len: usize) -> Result<Option<bool>> {
+        Ok(Some(false))
+    }
+    /// Single copy (optional): publish a message whose `header.len` bytes stay in this process
+    /// at address `addr`; the receiver copies them itself (`process_vm_readv`). The caller
+    /// keeps that memory unchanged until [`SendConn::pending`] turns false, which it does once
+    /// the receiver consumed every message sent this way.
+    fn commit_borrowed(&mut self, _header: Header, _addr: usize) -> Result<()> {
+        Err(Error::new(ErrorKind::Unavailable, "this transport cannot send by reference"))
+    }
 }
 
 /// The receiving half of a connection.
@@ -230,6 +243,13 @@ pub trait RecvConn: Send {
     }
     /// Tell the sender this rank is closing because it failed (see [`SendConn::abort`]).
     fn abort(&mut self) {}
+    /// Single copy (optional): if the next message was sent by reference, check its header
+    /// with `check` and copy its payload straight into `dst` (which must be exactly its size);
+    /// returns the header. `Ok(None)`: no message yet, or an ordinary one (use `peek`). The
+    /// message still has to be [`RecvConn::consume`]d.
+    fn take_into(&mut self, _dst: &mut [u8], _check: &dyn Fn(&Header) -> Result<()>) -> Result<Option<Header>> {
+        Ok(None)
+    }
 }
 
 /// A receive side that has published its setup blob and waits for the sender.

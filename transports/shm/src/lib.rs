@@ -36,11 +36,13 @@ pub struct ShmConfig {
     pub slots: usize,
     /// Payload bytes per slot (a multiple of 64).
     pub slot_bytes: usize,
+    /// Allow single-copy messages by reference (`process_vm_readv`) when the kernel permits.
+    pub cma: bool,
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { slots: 4, slot_bytes: 256 << 10 }
+        ShmConfig { slots: 4, slot_bytes: 256 << 10, cma: true }
     }
 }
 
@@ -115,7 +117,7 @@ impl Transport for ShmTransport {
         if comm != self.ctx.comm_id || !(2..=MAX_SLOTS).contains(&slots) || slot_bytes % 64 != 0 {
             return Err(Error::remote("shm setup blob does not match this communicator").with_peer(peer));
         }
-        let cfg = ShmConfig { slots, slot_bytes };
+        let cfg = ShmConfig { slots, slot_bytes, cma: self.cfg.cma };
         let seg = Segment::open(pid, fd, seg_len(&cfg)).map_err(|e| e.with_peer(peer))?;
         if seg.u32_at(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
             return Err(Error::remote("peer's shm segment has a bad magic").with_peer(peer));
@@ -123,6 +125,7 @@ impl Transport for ShmTransport {
         let peer_doorbell = open_doorbell(pid, peer_bell).map_err(|e| e.with_peer(peer))?;
         seg.u32_at(OFF_SENDER_PID).store(std::process::id(), Ordering::Relaxed);
         seg.u32_at(OFF_SENDER_DOORBELL).store(self.doorbell.write_fd() as u32, Ordering::Relaxed);
+        seg.u64_at(OFF_SENDER_PROBE).store(&CMA_PROBE as *const u64 as u64, Ordering::Relaxed);
         seg.u32_at(OFF_ATTACHED).store(1, Ordering::Release);
         Ok(Box::new(ShmSend {
             peer_pid: pid,
@@ -131,6 +134,8 @@ impl Transport for ShmTransport {
             cfg,
             head: 0,
             tail_seen: 0,
+            borrowed_until: 0,
+            want_room: false,
             doorbell: self.doorbell.clone(),
             peer_doorbell,
         }))
@@ -169,7 +174,14 @@ impl PendingRecv for PendingShm {
         let pid = seg.u32_at(OFF_SENDER_PID).load(Ordering::Relaxed);
         let bell = seg.u32_at(OFF_SENDER_DOORBELL).load(Ordering::Relaxed) as i32;
         let peer_doorbell = open_doorbell(pid, bell).map_err(|e| e.with_peer(peer))?;
-        Ok(Box::new(ShmRecv { peer_pid: pid, seg, cfg, tail: 0, doorbell, peer_doorbell, peer }))
+        // can we read the sender's memory? (the sender only sends by reference once we said so)
+        let cma_ok = cfg.cma && {
+            let probe = seg.u64_at(OFF_SENDER_PROBE).load(Ordering::Relaxed) as usize;
+            let mut b = [0u8; 8];
+            read_remote(pid, probe, &mut b).is_ok() && u64::from_ne_bytes(b) == CMA_PROBE
+        };
+        seg.u32_at(OFF_CMA).store(if cma_ok { 1 } else { 2 }, Ordering::Release);
+        Ok(Box::new(ShmRecv { peer_pid: pid, seg, cfg, tail: 0, materialized: None, doorbell, peer_doorbell, peer }))
     }
 }
 
@@ -182,6 +194,12 @@ struct ShmSend {
     /// The receiver's tail as last read (it only grows): rereading it only when the ring looks
     /// full keeps the receiver's line out of the fast path.
     tail_seen: u64,
+    /// Messages up to this number were sent by reference: the sender's memory is in use until
+    /// the receiver's tail reaches it.
+    borrowed_until: u64,
+    /// The last attempt to send found the ring full: `arm` then waits for room (otherwise it
+    /// waits for messages sent by reference to be consumed).
+    want_room: bool,
     doorbell: Arc<Doorbell>,
     peer_doorbell: OwnedFd,
 }
@@ -198,6 +216,54 @@ impl ShmSend {
         self.tail_seen = self.seg.u64_at(OFF_TAIL).load(Ordering::Acquire);
         self.head - self.tail_seen < self.cfg.slots as u64
     }
+
+    fn borrowed_pending(&self) -> bool {
+        self.borrowed_until > self.tail_seen && self.borrowed_until > self.seg.u64_at(OFF_TAIL).load(Ordering::Acquire)
+    }
+
+    fn receiver_closed(&self) -> Result<()> {
+        match self.seg.u32_at(OFF_RECEIVER_CLOSED).load(Ordering::Relaxed) {
+            0 => Ok(()),
+            2 => Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
+            _ => Err(Error::remote("the receiver closed the shm ring").with_peer(self.peer)),
+        }
+    }
+
+    /// Write the header line of the next slot and publish it.
+    fn publish(&mut self, header: Header, borrowed: Option<usize>) -> Result<()> {
+        if header.len as usize > self.cfg.slot_bytes || !self.has_room() {
+            return Err(Error::internal("shm commit without a reserved slot"));
+        }
+        let slot = (self.head % self.cfg.slots as u64) as usize;
+        let hb = header.encode();
+        let line = header_line(slot);
+        self.seg.bytes_mut(line, HEADER_BYTES).copy_from_slice(&hb);
+        let len = header.len as usize;
+        if len <= INLINE_MAX {
+            let mut inline = [0u8; INLINE_MAX];
+            inline[..len].copy_from_slice(self.seg.bytes(OFF_PAYLOAD + slot * self.cfg.slot_bytes, len));
+            self.seg.bytes_mut(line + SLOT_INLINE, INLINE_MAX).copy_from_slice(&inline);
+        } else {
+            let (addr, mark) = match borrowed {
+                Some(a) => (a as u64, BORROWED_MARK ^ self.head),
+                None => (0, 0),
+            };
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&addr.to_le_bytes());
+            b[8..].copy_from_slice(&mark.to_le_bytes());
+            self.seg.bytes_mut(line + SLOT_INLINE, 16).copy_from_slice(&b);
+        }
+        self.head += 1;
+        if borrowed.is_some() {
+            self.borrowed_until = self.head;
+        }
+        self.seg.u64_at(line + SLOT_FLAG).store(self.head, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.seg.u32_at(OFF_RECEIVER_WAITING).load(Ordering::Relaxed) != 0 {
+            ring_fd(self.peer_doorbell.as_raw_fd());
+        }
+        Ok(())
+    }
 }
 
 impl SendConn for ShmSend {
@@ -206,7 +272,8 @@ impl SendConn for ShmSend {
     }
 
     fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
-        if !self.has_room() {
+        self.want_room = !self.has_room();
+        if self.want_room {
             match self.seg.u32_at(OFF_RECEIVER_CLOSED).load(Ordering::Relaxed) {
                 0 => {}
                 2 => return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
@@ -221,40 +288,44 @@ impl SendConn for ShmSend {
     }
 
     fn commit(&mut self, header: Header) -> Result<()> {
-        if header.len as usize > self.cfg.slot_bytes || !self.has_room() {
-            return Err(Error::internal("shm commit without a reserved slot"));
+        self.publish(header, None)
+    }
+
+    fn borrow_ready(&mut self, len: usize) -> Result<Option<bool>> {
+        if len <= INLINE_MAX || len > self.cfg.slot_bytes || self.seg.u32_at(OFF_CMA).load(Ordering::Acquire) != 1 {
+            return Ok(Some(false));
         }
-        let slot = (self.head % self.cfg.slots as u64) as usize;
-        let hb = header.encode();
-        let line = header_line(slot);
-        self.seg.bytes_mut(line, HEADER_BYTES).copy_from_slice(&hb);
-        let len = header.len as usize;
-        if len <= INLINE_MAX {
-            let mut inline = [0u8; INLINE_MAX];
-            inline[..len].copy_from_slice(self.seg.bytes(OFF_PAYLOAD + slot * self.cfg.slot_bytes, len));
-            self.seg.bytes_mut(line + SLOT_INLINE, INLINE_MAX).copy_from_slice(&inline);
+        self.want_room = !self.has_room();
+        if self.want_room {
+            self.receiver_closed()?;
+            return Ok(None);
         }
-        self.head += 1;
-        self.seg.u64_at(line + SLOT_FLAG).store(self.head, Ordering::Release);
-        fence(Ordering::SeqCst);
-        if self.seg.u32_at(OFF_RECEIVER_WAITING).load(Ordering::Relaxed) != 0 {
-            ring_fd(self.peer_doorbell.as_raw_fd());
+        Ok(Some(true))
+    }
+
+    fn commit_borrowed(&mut self, header: Header, addr: usize) -> Result<()> {
+        if self.seg.u32_at(OFF_CMA).load(Ordering::Acquire) != 1 || (header.len as usize) <= INLINE_MAX {
+            return Err(Error::internal("shm send by reference that borrow_ready did not allow"));
         }
-        Ok(())
+        self.publish(header, Some(addr))
     }
 
     fn progress(&mut self) -> Result<()> {
+        if self.borrowed_pending() {
+            self.receiver_closed()?;
+        }
         Ok(())
     }
 
     fn pending(&self) -> bool {
-        false
+        self.borrowed_pending()
     }
 
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.seg.u32_at(OFF_SENDER_WAITING).store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst); // pairs with the fence in `consume`
-        if self.has_room() {
+        let ready = if self.want_room { self.has_room() } else { !self.borrowed_pending() };
+        if ready {
             self.disarm();
             return Ok(None);
         }
@@ -287,6 +358,9 @@ struct ShmRecv {
     seg: Segment,
     cfg: ShmConfig,
     tail: u64,
+    /// The message (by number) sent by reference whose payload `peek` already copied into its
+    /// slot.
+    materialized: Option<u64>,
     doorbell: Arc<Doorbell>,
     peer_doorbell: OwnedFd,
     peer: usize,
@@ -296,6 +370,32 @@ impl ShmRecv {
     fn has_data(&self) -> bool {
         let slot = (self.tail % self.cfg.slots as u64) as usize;
         self.seg.u64_at(header_line(slot) + SLOT_FLAG).load(Ordering::Acquire) == self.tail + 1
+    }
+
+    /// The sender's address of the current message if it was sent by reference.
+    fn borrowed_addr(&self, line: usize, len: usize) -> Option<usize> {
+        if len <= INLINE_MAX {
+            return None;
+        }
+        let b = self.seg.bytes(line + SLOT_INLINE, 16);
+        let addr = u64::from_le_bytes(b[..8].try_into().unwrap());
+        let mark = u64::from_le_bytes(b[8..].try_into().unwrap());
+        (mark == BORROWED_MARK ^ self.tail).then_some(addr as usize)
+    }
+
+    /// The outcome of copying a message sent by reference from the sender's memory.
+    fn borrowed_read(&self, r: std::io::Result<()>) -> Result<()> {
+        // a sender that failed and returned may reuse its buffer: it marks the ring closed
+        // first, so a copy that raced with that is caught here
+        if self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::Acquire) == 2 {
+            return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer));
+        }
+        r.map_err(|e| {
+            check_alive(self.peer, self.peer_pid).err().unwrap_or_else(|| {
+                Error::system(format!("single-copy read of rank {}'s memory (pid {})", self.peer, self.peer_pid), &e)
+                    .with_peer(self.peer)
+            })
+        })
     }
 }
 
@@ -318,7 +418,33 @@ impl RecvConn for ShmRecv {
         if len <= INLINE_MAX {
             return Ok(Some((h, self.seg.bytes(line + SLOT_INLINE, len))));
         }
-        Ok(Some((h, self.seg.bytes(OFF_PAYLOAD + slot * self.cfg.slot_bytes, len))))
+        let off = OFF_PAYLOAD + slot * self.cfg.slot_bytes;
+        if let Some(addr) = self.borrowed_addr(line, len) {
+            // sent by reference to a step that needs it here: copy it into its slot once
+            if self.materialized != Some(self.tail) {
+                let r = read_remote(self.peer_pid, addr, self.seg.bytes_mut(off, len));
+                self.borrowed_read(r)?;
+                self.materialized = Some(self.tail);
+            }
+        }
+        Ok(Some((h, self.seg.bytes(off, len))))
+    }
+
+    fn take_into(&mut self, dst: &mut [u8], check: &dyn Fn(&Header) -> Result<()>) -> Result<Option<Header>> {
+        if !self.has_data() {
+            return Ok(None);
+        }
+        let slot = (self.tail % self.cfg.slots as u64) as usize;
+        let line = header_line(slot);
+        let h = Header::decode(self.seg.bytes(line, HEADER_BYTES), self.cfg.slot_bytes)
+            .map_err(|e| e.with_peer(self.peer))?;
+        let Some(addr) = self.borrowed_addr(line, h.len as usize) else { return Ok(None) };
+        check(&h)?;
+        if dst.len() != h.len as usize {
+            return Err(Error::internal("single-copy destination of the wrong size").with_peer(self.peer));
+        }
+        self.borrowed_read(read_remote(self.peer_pid, addr, dst))?;
+        Ok(Some(h))
     }
 
     fn consume(&mut self) -> Result<()> {
@@ -379,7 +505,7 @@ mod tests {
 
     #[test]
     fn ring_in_one_process_keeps_order_and_wraps() {
-        let cfg = ShmConfig { slots: 2, slot_bytes: 64 };
+        let cfg = ShmConfig { slots: 2, slot_bytes: 64, cma: true };
         let a = ShmTransport::new(ctx(0), cfg).unwrap();
         let b = ShmTransport::new(ctx(1), cfg).unwrap();
         let (pending, blob) = b.setup_recv(0).unwrap();
@@ -411,7 +537,7 @@ mod tests {
 
     #[test]
     fn inline_and_slot_payloads_interleave() {
-        let cfg = ShmConfig { slots: 3, slot_bytes: 128 };
+        let cfg = ShmConfig { slots: 3, slot_bytes: 128, cma: true };
         let a = ShmTransport::new(ctx(0), cfg).unwrap();
         let b = ShmTransport::new(ctx(1), cfg).unwrap();
         let (pending, blob) = b.setup_recv(0).unwrap();
@@ -430,6 +556,51 @@ mod tests {
             r.consume().unwrap();
             assert!(r.peek().unwrap().is_none(), "no stale message after {i}");
         }
+    }
+
+    #[test]
+    fn messages_by_reference_are_copied_once_or_materialised() {
+        let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true };
+        let a = ShmTransport::new(ctx(0), cfg).unwrap();
+        let b = ShmTransport::new(ctx(1), cfg).unwrap();
+        let (pending, blob) = b.setup_recv(0).unwrap();
+        let dl = Instant::now() + Duration::from_secs(5);
+        let mut s = a.connect_send(1, &blob, dl).unwrap();
+        let mut r = pending.accept(dl).unwrap();
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        let ok = |_: &Header| Ok(());
+        for round in 0..4u32 {
+            assert_eq!(s.borrow_ready(3000).unwrap(), Some(true), "CMA works within one process");
+            assert_eq!(s.borrow_ready(8).unwrap(), Some(false), "inline messages never go by reference");
+            s.commit_borrowed(Header { len: 3000, step: round, ..Default::default() }, data.as_ptr() as usize).unwrap();
+            assert!(s.pending(), "the sender's memory is in use until consumed");
+            if round % 2 == 0 {
+                let mut dst = vec![0u8; 3000];
+                let h = r.take_into(&mut dst, &ok).unwrap().expect("by reference");
+                assert_eq!((h.step, &dst), (round, &data));
+            } else {
+                let (h, p) = r.peek().unwrap().expect("message");
+                assert_eq!((h.step, p), (round, &data[..]), "materialised into the slot");
+            }
+            // an ordinary message is not taken by take_into
+            r.consume().unwrap();
+            assert!(!s.pending());
+            let slot = s.reserve().unwrap().unwrap();
+            slot[..100].copy_from_slice(&data[..100]);
+            s.commit(Header { len: 100, step: 99, ..Default::default() }).unwrap();
+            assert!(r.take_into(&mut [0u8; 100], &ok).unwrap().is_none());
+            assert_eq!(r.peek().unwrap().unwrap().1, &data[..100]);
+            r.consume().unwrap();
+        }
+        // a refused check leaves the message unread
+        s.commit_borrowed(Header { len: 3000, step: 5, ..Default::default() }, data.as_ptr() as usize).unwrap();
+        let refuse = |_: &Header| Err(Error::invalid_usage("mismatch"));
+        assert!(r.take_into(&mut [0u8; 3000], &refuse).is_err());
+        let off = ShmTransport::new(ctx(0), ShmConfig { cma: false, ..cfg }).unwrap();
+        let (pending, blob) = off.setup_recv(0).unwrap();
+        let mut s2 = a.connect_send(1, &blob, dl).unwrap();
+        let _r2 = pending.accept(dl).unwrap();
+        assert_eq!(s2.borrow_ready(3000).unwrap(), Some(false), "a receiver that refuses CMA gets ordinary messages");
     }
 
     #[test]

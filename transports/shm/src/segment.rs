@@ -17,6 +17,10 @@ pub const OFF_SENDER_PID: usize = 136; // u32
 pub const OFF_SENDER_DOORBELL: usize = 140; // u32 (fd number in the sender's process)
 pub const OFF_SENDER_CLOSED: usize = 144; // u32
 pub const OFF_RECEIVER_CLOSED: usize = 148; // u32
+/// Single copy by `process_vm_readv`: 0 untested, 1 works, 2 refused (set by the receiver).
+pub const OFF_CMA: usize = 152; // u32
+/// Address, in the sender's process, of [`CMA_PROBE`] (the receiver reads it to test CMA).
+pub const OFF_SENDER_PROBE: usize = 160; // u64
 pub const OFF_SLOT_HEADERS: usize = 256; // nslots * 64 bytes
 /// Stride of a slot header: one cache line holding the frame header, an inline payload and the
 /// slot's flag (LL-style: a small message and its flag arrive in one line).
@@ -34,6 +38,39 @@ pub const OFF_PAYLOAD: usize = 4096;
 pub const MAX_SLOTS: usize = (OFF_PAYLOAD - OFF_SLOT_HEADERS) / SLOT_HEADER_STRIDE;
 /// Segment magic.
 pub const MAGIC: u32 = 0x0CC1_5400;
+/// A message sent by reference: `[SLOT_INLINE, +8)` of its header line holds the address and
+/// `[SLOT_INLINE + 8, +8)` this mark xor the message number.
+pub const BORROWED_MARK: u64 = 0xB0_2203_0CC1_0000;
+
+/// What a receiver reads from a new sender to learn whether `process_vm_readv` works between
+/// them (Yama's ptrace scope, seccomp or containers may forbid it).
+pub static CMA_PROBE: u64 = 0x0CC1_C3A5_0000_0001;
+
+/// Copy `dst.len()` bytes at `addr` in process `pid` into `dst` (single copy through the
+/// kernel). Fails with the OS error if the kernel refuses or the range is not mapped there.
+pub fn read_remote(pid: u32, addr: usize, dst: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let local = libc::iovec { iov_base: dst[done..].as_mut_ptr().cast(), iov_len: dst.len() - done };
+        let remote = libc::iovec { iov_base: (addr + done) as *mut libc::c_void, iov_len: dst.len() - done };
+        // SAFETY: `local` describes writable memory we own (`dst[done..]`) for its whole length;
+        // `remote` is only read by the kernel in the other process, which checks it and fails
+        // with EFAULT if it is not mapped there; one iovec each.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "process_vm_readv read nothing"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
 
 /// A mapping of a memfd segment, unmapped on drop.
 pub struct Segment {
