@@ -21,6 +21,7 @@ command -v mpicc.mpich >/dev/null || apt-get install -y -qq mpich libmpich-dev >
 command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null
 mpicc.openmpi -O2 "$A/mpi_allreduce_bench.c" -o "$OUT/mpi_bench"
 mpicc.mpich -O2 "$A/mpi_allreduce_bench.c" -o "$OUT/mpi_bench.mpich"
+mpicc.openmpi -O2 "$ROOT/bench/peers/mpi_colls_bench.c" -o "$OUT/mpi_colls"
 gcc -O3 -march=native "$A/ideal_shm_allreduce.c" -o "$OUT/ideal"
 gcc -O3 -march=native -pthread "$A/membw.c" -o "$OUT/membw"
 VENV="${OXCCL_VENV:-$HOME/.cache/oxccl-venv}"
@@ -50,6 +51,9 @@ run() { # config name -> one run
     oxccl-ag-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll allgather -s "$SIZES" -n 20 -w 3 ;;
     oxccl-rs-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll reducescatter -s "$SIZES" -n 20 -w 3 ;;
     oxccl-bc-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll broadcast -s "$SIZES" -n 20 -w 3 ;;
+    ompi-ag-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_colls" -c allgather -s "$SIZES" ;;
+    ompi-rs-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_colls" -c reducescatter -s "$SIZES" ;;
+    ompi-bc-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_colls" -c broadcast -s "$SIZES" ;;
     ompi-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_bench" -s "$SIZES" ;;
     mpich-shm-*) mpirun.mpich -np "$n" "$OUT/mpi_bench.mpich" -s "$SIZES" ;;
     gloo-lo-*) "$PY" "$A/gloo_allreduce_bench.py" --nproc "$n" --sizes "$SIZES" ;;
@@ -72,7 +76,7 @@ run() { # config name -> one run
 CONFIGS=""
 for s in $SETS; do
   case "$s" in
-    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 oxccl-rs-shm-2 oxccl-bc-shm-2 oxccl-shm-4 ompi-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8" ;;
+    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 oxccl-rs-shm-2 ompi-rs-shm-2 oxccl-bc-shm-2 ompi-bc-shm-2 oxccl-shm-4 ompi-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8" ;;
     tcp) CONFIGS="$CONFIGS iperf-tcp-2 oxccl-tcp-2 ompi-tcp-2 gloo-tcp-2 oxccl-tcp-4 ompi-tcp-4 gloo-tcp-4"
          "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1 ;;
   esac
