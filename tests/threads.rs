@@ -117,6 +117,11 @@ fn typed_api() {
 
         let mut b = vec![r as u8; 5];
         c.broadcast(&mut b, 2).unwrap();
+        // out of place: only the root's send buffer is read, the others pass none
+        let mut o = vec![0i32; 3];
+        let send: Vec<i32> = if r == 1 { vec![7, 8, 9] } else { vec![] };
+        c.broadcast_from(&send, &mut o, 1).unwrap();
+        assert_eq!(o, [7, 8, 9]);
         assert_eq!(b, vec![2u8; 5]);
 
         let mut out = if r == 1 { vec![0u32; 4] } else { vec![] };

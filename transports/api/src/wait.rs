@@ -87,12 +87,53 @@ fn drain_fd(fd: RawFd) {
     }
 }
 
+/// Whether this process ignores SIGPIPE (Rust programs do; C programs that load oxccl's
+/// `libnccl.so` usually do not), checked once.
+fn sigpipe_ignored() -> bool {
+    static IGNORED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IGNORED.get_or_init(|| {
+        // SAFETY: a zeroed sigaction is a valid out-parameter; a NULL new action only queries.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+        }
+    })
+}
+
 /// Write one byte to a non-blocking doorbell write end. A full pipe already means "rung".
+///
+/// The read end may belong to a process that has exited: the write then fails with EPIPE and
+/// raises SIGPIPE, whose default action would kill a C program that uses oxccl. So unless the
+/// process ignores SIGPIPE, the signal is blocked in this thread for the write and, if the write
+/// raised it, consumed before it is unblocked (the usual technique of libraries that write to
+/// pipes on behalf of their host).
 pub fn ring_fd(fd: RawFd) {
     let b = 1u8;
-    // SAFETY: writes one byte from a valid local; a bad or closed fd only yields an error code.
+    if sigpipe_ignored() {
+        // SAFETY: writes one byte from a valid local; a bad or closed fd only yields an error code.
+        unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+        return;
+    }
+    // SAFETY: sigset operations on locals; pthread_sigmask changes this thread's mask only and
+    // is restored below; sigtimedwait with a zero timeout consumes a pending SIGPIPE of this
+    // thread without blocking; the write is as above.
     unsafe {
-        libc::write(fd, (&b as *const u8).cast(), 1);
+        let mut pipe_set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe_set);
+        libc::sigaddset(&mut pipe_set, libc::SIGPIPE);
+        libc::sigpending(&mut pending);
+        let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe_set, &mut old);
+        let r = libc::write(fd, (&b as *const u8).cast(), 1);
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPIPE) && !was_pending {
+            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            while libc::sigtimedwait(&pipe_set, std::ptr::null_mut(), &zero) < 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+            {}
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }
 
