@@ -1,0 +1,113 @@
+/* Bad input at the C ABI: every kind gets its error code and a message, nothing crashes, and
+ * the communicator still works afterwards. */
+#include <stdint.h>
+#include "common.h"
+
+#define EXPECT_RC(call, want)                                                                          \
+  do {                                                                                                 \
+    ncclResult_t r_ = (call);                                                                          \
+    EXPECT(r_ == (want), "%s returned %d (%s), expected %d; last error: %s", #call, r_,                \
+           ncclGetErrorString(r_), want, ncclGetLastError(NULL));                                      \
+    EXPECT(strlen(ncclGetLastError(NULL)) > 0, "%s left no message", #call);                           \
+  } while (0)
+
+int main(void) {
+  g_rank = 0;
+  ncclComm_t comms[2], comm;
+  CHECK(ncclCommInitAll(comms, 1, NULL));
+  comm = comms[0];
+  float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8];
+  /* null pointers */
+  EXPECT_RC(ncclGetVersion(NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclGetUniqueId(NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclCommCount(comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclCommInitAll(NULL, 2, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllReduce(NULL, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllReduce(a, NULL, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclCommGetAsyncError(comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclRedOpCreatePreMulSum(NULL, a, ncclFloat32, ncclScalarHostImmediate, comm), ncclInvalidArgument);
+  /* bad communicators: NULL, garbage, destroyed */
+  EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, NULL, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, (ncclComm_t)(uintptr_t)0x1234, NULL), ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "not a communicator") != NULL, "message: %s", ncclGetLastError(NULL));
+  ncclComm_t dead[1];
+  CHECK(ncclCommInitAll(dead, 1, NULL));
+  CHECK(ncclCommDestroy(dead[0]));
+  EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, dead[0], NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclCommDestroy(dead[0]), ncclInvalidArgument);
+  /* types, ops, roots, peers out of range */
+  EXPECT_RC(ncclAllReduce(a, b, 8, (ncclDataType_t)12, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllReduce(a, b, 8, (ncclDataType_t)-1, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, (ncclRedOp_t)5, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, (ncclRedOp_t)-3, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclBroadcast(a, b, 8, ncclFloat32, 1, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclReduce(a, b, 8, ncclFloat32, ncclSum, -1, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclSend(a, 8, ncclFloat32, 1, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument);
+  /* a pre-multiplied sum op used with another type */
+  ncclRedOp_t pm;
+  float two = 2;
+  CHECK(ncclRedOpCreatePreMulSum(&pm, &two, ncclFloat32, ncclScalarHostImmediate, comm));
+  EXPECT_RC(ncclAllReduce(a, b, 4, ncclFloat64, pm, comm, NULL), ncclInvalidArgument);
+  CHECK(ncclAllReduce(a, b, 8, ncclFloat32, pm, comm, NULL));
+  EXPECT(b[7] == 16, "premulsum %f", b[7]);
+  CHECK(ncclRedOpDestroy(pm, comm));
+  EXPECT_RC(ncclRedOpDestroy(pm, comm), ncclInvalidArgument);
+  /* byte sizes that overflow */
+  EXPECT_RC(ncclAllReduce(a, b, SIZE_MAX / 2, ncclFloat64, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT_RC(ncclAllGather(a, b, SIZE_MAX / 4, ncclFloat32, comm, NULL), ncclInvalidArgument);
+  /* overlapping buffers that are not NCCL's in-place layout */
+  EXPECT_RC(ncclAllReduce(a, a + 1, 4, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  /* a CUDA stream: refused until the device path exists */
+  EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, (cudaStream_t)(uintptr_t)0x5000), ncclInvalidUsage);
+  /* unimplemented functions say so by name */
+  EXPECT_RC(ncclCommRevoke(comm, 0), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(NULL), "ncclCommRevoke") && strstr(ncclGetLastError(NULL), "not implemented"),
+         "message: %s", ncclGetLastError(NULL));
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  EXPECT_RC(ncclGroupSimulateEnd(&sim), ncclInvalidUsage);
+  /* group misuse */
+  EXPECT_RC(ncclGroupEnd(), ncclInvalidUsage);
+  /* config: bad magic, bad blocking value, and every historic size accepted */
+  ncclUniqueId id;
+  CHECK(ncclGetUniqueId(&id));
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.magic = 0x1234;
+  ncclComm_t c2;
+  EXPECT_RC(ncclCommInitRankConfig(&c2, 1, id, 0, &cfg), ncclInvalidArgument);
+  cfg.magic = NCCL_API_MAGIC;
+  cfg.blocking = 7;
+  EXPECT_RC(ncclCommInitRankConfig(&c2, 1, id, 0, &cfg), ncclInvalidArgument);
+  const size_t sizes[] = {24, 40, 48, 72, 80, 88, 96};
+  for (int i = 0; i < 7; i++) {
+    ncclConfig_t k = NCCL_CONFIG_INITIALIZER;
+    k.size = sizes[i];
+    ncclUniqueId id2;
+    CHECK(ncclGetUniqueId(&id2));
+    CHECK(ncclCommInitRankConfig(&c2, 1, id2, 0, &k));
+    CHECK(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, c2, NULL));
+    CHECK(ncclCommDestroy(c2));
+  }
+  EXPECT_RC(ncclCommInitRank(&c2, 0, id, 0), ncclInvalidArgument);
+  EXPECT_RC(ncclCommInitRank(&c2, 2, id, 2), ncclInvalidArgument);
+  ncclUniqueId junk;
+  memset(&junk, 0x5a, sizeof junk);
+  EXPECT_RC(ncclCommInitRank(&c2, 2, junk, 0), ncclInvalidArgument);
+  /* misaligned buffers work */
+  char raw[64];
+  float* odd = (float*)(raw + 1);
+  for (int i = 0; i < 8; i++) memcpy((char*)odd + 4 * i, &a[i], 4);
+  CHECK(ncclAllReduce(odd, odd, 8, ncclFloat32, ncclSum, comm, NULL));
+  float got;
+  memcpy(&got, (char*)odd + 28, 4);
+  EXPECT(got == 8, "misaligned in-place allreduce %f", got);
+  /* error strings */
+  EXPECT(strcmp(ncclGetErrorString(ncclInvalidArgument), "invalid argument (run with NCCL_DEBUG=WARN for details)") == 0, "text");
+  EXPECT(strcmp(ncclGetErrorString((ncclResult_t)77), "unknown result code") == 0, "text");
+  /* the communicator still works */
+  CHECK(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, NULL));
+  EXPECT(b[3] == 4, "allreduce after bad calls");
+  CHECK(ncclCommDestroy(comm));
+  printf("badargs: every bad input refused with its code and a message\n");
+  return 0;
+}
