@@ -1,0 +1,39 @@
+"""Build hook: compile oxccl's C ABI (libnccl.so.2) with cargo and bundle it in the package.
+
+`pip install ./ffi/python` runs this in the source tree (pip builds in place), so the workspace
+two levels up is at hand. With OXCCL_LIBRARY set to an already built libnccl.so, that file is
+bundled instead and cargo is not needed.
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+class BuildWithRust(build_py):
+    def run(self):
+        super().run()
+        lib = os.environ.get("OXCCL_LIBRARY")
+        if not lib:
+            subprocess.check_call(["cargo", "build", "--release", "-p", "oxccl-ffi"], cwd=ROOT)
+            lib = ROOT / "target" / "release" / "libnccl.so"
+        dest = pathlib.Path(self.build_lib) / "oxccl" / "lib"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lib, dest / "libnccl.so.2")
+
+
+class BinaryDistribution(Distribution):
+    """The wheel carries a native library: tag it for this platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithRust}, distclass=BinaryDistribution)
