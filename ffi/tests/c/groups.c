@@ -21,6 +21,7 @@ static ncclResult_t wait_ready(ncclComm_t comm) {
   while (st == ncclInProgress && now() - t0 < 60) {
     ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     if (r != ncclSuccess) return r;
+    if (st == ncclInProgress) usleep(50); /* poll, as PyTorch does, without starving others */
   }
   return st;
 }
