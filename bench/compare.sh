@@ -12,6 +12,18 @@ REPS="${1:-5}"
 SETS="${2:-shm tcp}"
 SIZES="${SIZES:-8,4K,64K,1M,16M,64M,256M}"
 mkdir -p "$OUT"; rm -f "$OUT"/*.txt
+# oxccl-perf runs a fixed number of iterations per size (as nccl-tests does), while the MPI and
+# Gloo anchors pick theirs for 0.25 s per size: small sizes get many iterations, large ones few,
+# so that latencies are not dominated by the first, cold iterations
+SMALL="" LARGE=""
+for s in ${SIZES//,/ }; do
+  case $s in *K) b=$(( ${s%K} << 10 ));; *M) b=$(( ${s%M} << 20 ));; *G) b=$(( ${s%G} << 30 ));; *) b=$s;; esac
+  if [ "$b" -lt 1048576 ]; then SMALL="$SMALL${SMALL:+,}$s"; else LARGE="$LARGE${LARGE:+,}$s"; fi
+done
+oxperf() { # oxccl-perf args (without sizes and iterations)
+  if [ -n "$SMALL" ]; then "$PERF" "$@" -s "$SMALL" -n 1000 -w 50; fi
+  if [ -n "$LARGE" ]; then "$PERF" "$@" -s "$LARGE" -n 20 -w 3; fi
+}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 (cd "$ROOT" && cargo build --release -q -p oxccl-bench)
@@ -47,10 +59,10 @@ hosts() { local n="$1" i s=""; for i in $(seq 1 "$n"); do s="$s${s:+,}cclt-h$i";
 run() { # config name -> one run
   local cfg="$1" n="${1##*-}"
   case "$cfg" in
-    oxccl-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" -s "$SIZES" -n 20 -w 3 ;;
-    oxccl-ag-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll allgather -s "$SIZES" -n 20 -w 3 ;;
-    oxccl-rs-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll reducescatter -s "$SIZES" -n 20 -w 3 ;;
-    oxccl-bc-shm-*) OXCCL_SOCKET_IFNAME=lo "$PERF" --np "$n" --coll broadcast -s "$SIZES" -n 20 -w 3 ;;
+    oxccl-shm-*) OXCCL_SOCKET_IFNAME=lo oxperf --np "$n" ;;
+    oxccl-ag-shm-*) OXCCL_SOCKET_IFNAME=lo oxperf --np "$n" --coll allgather ;;
+    oxccl-rs-shm-*) OXCCL_SOCKET_IFNAME=lo oxperf --np "$n" --coll reducescatter ;;
+    oxccl-bc-shm-*) OXCCL_SOCKET_IFNAME=lo oxperf --np "$n" --coll broadcast ;;
     ompi-ag-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_colls" -c allgather -s "$SIZES" ;;
     ompi-rs-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_colls" -c reducescatter -s "$SIZES" ;;
     ompi-bc-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_colls" -c broadcast -s "$SIZES" ;;
@@ -58,7 +70,7 @@ run() { # config name -> one run
     mpich-shm-*) mpirun.mpich -np "$n" "$OUT/mpi_bench.mpich" -s "$SIZES" ;;
     gloo-lo-*) "$PY" "$A/gloo_allreduce_bench.py" --nproc "$n" --sizes "$SIZES" ;;
     ideal-shm-2) "$OUT/ideal" 256 ;;
-    oxccl-tcp-*) OXCCL_SOCKET_IFNAME=cclt-br0 "$PERF" --np "$n" --netns "$(hosts "$n")" -s "$SIZES" -n 10 -w 2 ;;
+    oxccl-tcp-*) OXCCL_SOCKET_IFNAME=cclt-br0 oxperf --np "$n" --netns "$(hosts "$n")" ;;
     ompi-tcp-*)
       # shellcheck disable=SC2046
       PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=cclt-br0 \
