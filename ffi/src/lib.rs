@@ -441,6 +441,48 @@ enum Layout {
     InPlace { base: usize, len: usize, in_off: usize, out_off: usize },
 }
 
+// ---- device pointers ----------------------------------------------------------------------
+
+/// `cuPointerGetAttribute` from the CUDA driver, if this process can load it.
+type CuPointerGetAttribute = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
+
+fn cu_pointer_get_attribute() -> Option<CuPointerGetAttribute> {
+    static F: OnceLock<Option<usize>> = OnceLock::new();
+    let f = *F.get_or_init(|| {
+        // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD: only a driver the process
+        // already loaded (a process that never loaded CUDA cannot hold device pointers), so
+        // nothing is initialised behind the caller's back.
+        unsafe {
+            let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD);
+            if h.is_null() {
+                return None;
+            }
+            let f = libc::dlsym(h, c"cuPointerGetAttribute".as_ptr());
+            (!f.is_null()).then_some(f as usize)
+        }
+    });
+    // SAFETY: the symbol has this signature in every CUDA driver API version.
+    f.map(|f| unsafe { std::mem::transmute::<usize, CuPointerGetAttribute>(f) })
+}
+
+/// Refuse device memory until the CUDA path exists: a device pointer read as host memory would
+/// crash the caller. Host memory, unregistered with CUDA, answers an error from the driver.
+fn check_host(p: usize, what: &str, name: &str) -> Result<(), Error> {
+    const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+    const CU_MEMORYTYPE_DEVICE: u32 = 2;
+    let (Some(f), true) = (cu_pointer_get_attribute(), p != 0) else { return Ok(()) };
+    let mut kind: u32 = 0;
+    // SAFETY: the attribute is a 32-bit CUmemorytype written into `kind`; the driver only
+    // looks the address up, it does not dereference it.
+    let rc = unsafe { f((&mut kind as *mut u32).cast(), CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p as u64) };
+    if rc == 0 && kind == CU_MEMORYTYPE_DEVICE {
+        return Err(Error::invalid_usage(format!(
+            "{name}: {what} is device memory; oxccl's C ABI handles host memory only until its CUDA path exists"
+        )));
+    }
+    Ok(())
+}
+
 /// Check an operation's arguments and locate its buffers.
 fn layout(comm: &Communicator, d: &OpDesc, send: *const c_void, recv: *mut c_void) -> Result<Layout, Error> {
     let (n, r) = (comm.size(), comm.rank());
@@ -607,6 +649,8 @@ fn enqueue(
     }
     let desc = OpDesc { coll, dtype: dt, op, count, root };
     let layout = layout(comm, &desc, send, recv)?;
+    check_host(send as usize, "sendbuff", coll.name())?;
+    check_host(recv as usize, "recvbuff", coll.name())?;
     let in_group = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 > 0 {
