@@ -503,15 +503,19 @@ mod tests {
         TransportCtx { rank, nranks: 2, comm_id: 9, secret: [0; 32], peers: vec![] }
     }
 
-    #[test]
-    fn ring_in_one_process_keeps_order_and_wraps() {
-        let cfg = ShmConfig { slots: 2, slot_bytes: 64, cma: true };
+    /// A connection from rank 0 to rank 1 of one process.
+    fn pair(cfg: ShmConfig) -> (Box<dyn SendConn>, Box<dyn RecvConn>) {
         let a = ShmTransport::new(ctx(0), cfg).unwrap();
         let b = ShmTransport::new(ctx(1), cfg).unwrap();
         let (pending, blob) = b.setup_recv(0).unwrap();
         let dl = Instant::now() + Duration::from_secs(5);
-        let mut s = a.connect_send(1, &blob, dl).unwrap();
-        let mut r = pending.accept(dl).unwrap();
+        let s = a.connect_send(1, &blob, dl).unwrap();
+        (s, pending.accept(dl).unwrap())
+    }
+
+    #[test]
+    fn ring_in_one_process_keeps_order_and_wraps() {
+        let (mut s, mut r) = pair(ShmConfig { slots: 2, slot_bytes: 64, cma: true });
         assert!(r.peek().unwrap().is_none());
         for round in 0..5u8 {
             for i in 0..2u8 {
@@ -537,13 +541,7 @@ mod tests {
 
     #[test]
     fn inline_and_slot_payloads_interleave() {
-        let cfg = ShmConfig { slots: 3, slot_bytes: 128, cma: true };
-        let a = ShmTransport::new(ctx(0), cfg).unwrap();
-        let b = ShmTransport::new(ctx(1), cfg).unwrap();
-        let (pending, blob) = b.setup_recv(0).unwrap();
-        let dl = Instant::now() + Duration::from_secs(5);
-        let mut s = a.connect_send(1, &blob, dl).unwrap();
-        let mut r = pending.accept(dl).unwrap();
+        let (mut s, mut r) = pair(ShmConfig { slots: 3, slot_bytes: 128, cma: true });
         // lengths around the inline limit, through several laps of the ring
         let lens = [0usize, 1, INLINE_MAX, INLINE_MAX + 1, 128, 7, 64];
         for (i, &len) in lens.iter().cycle().take(40).enumerate() {
@@ -561,12 +559,7 @@ mod tests {
     #[test]
     fn messages_by_reference_are_copied_once_or_materialised() {
         let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true };
-        let a = ShmTransport::new(ctx(0), cfg).unwrap();
-        let b = ShmTransport::new(ctx(1), cfg).unwrap();
-        let (pending, blob) = b.setup_recv(0).unwrap();
-        let dl = Instant::now() + Duration::from_secs(5);
-        let mut s = a.connect_send(1, &blob, dl).unwrap();
-        let mut r = pending.accept(dl).unwrap();
+        let (mut s, mut r) = pair(cfg);
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
         let ok = |_: &Header| Ok(());
         for round in 0..4u32 {
@@ -596,8 +589,10 @@ mod tests {
         s.commit_borrowed(Header { len: 3000, step: 5, ..Default::default() }, data.as_ptr() as usize).unwrap();
         let refuse = |_: &Header| Err(Error::invalid_usage("mismatch"));
         assert!(r.take_into(&mut [0u8; 3000], &refuse).is_err());
-        let off = ShmTransport::new(ctx(0), ShmConfig { cma: false, ..cfg }).unwrap();
+        let a = ShmTransport::new(ctx(0), cfg).unwrap();
+        let off = ShmTransport::new(ctx(1), ShmConfig { cma: false, ..cfg }).unwrap();
         let (pending, blob) = off.setup_recv(0).unwrap();
+        let dl = Instant::now() + Duration::from_secs(5);
         let mut s2 = a.connect_send(1, &blob, dl).unwrap();
         let _r2 = pending.accept(dl).unwrap();
         assert_eq!(s2.borrow_ready(3000).unwrap(), Some(false), "a receiver that refuses CMA gets ordinary messages");
