@@ -872,29 +872,33 @@ impl Schedule {
     /// no avg division; a pre-multiplied sum's input reads also change the value, which the
     /// caller checks).
     pub fn stable_send(&self, i: usize) -> Option<Slice> {
-        const MAX_STEPS: usize = 1 << 15; // the check is quadratic: skip giant schedules
         let stable = self.stable.get_or_init(|| {
-            if self.steps.len() > MAX_STEPS {
-                return vec![None; self.steps.len()];
+            // one sweep from the end, keeping the output ranges written by later steps as
+            // disjoint merged intervals (start -> end): O(steps log steps)
+            let mut written: std::collections::BTreeMap<usize, usize> = Default::default();
+            let mut out = vec![None; self.steps.len()];
+            for (i, s) in self.steps.iter().enumerate().rev() {
+                let value = match (s.dst, s.recv, s.src) {
+                    (Some(d), _, _) => Some(d),
+                    (None, None, Some(src)) if !s.post => Some(src),
+                    _ => None,
+                };
+                if let (Some(v), Some(_)) = (value, s.send) {
+                    let (a, b) = (v.offset, v.offset + s.count);
+                    let hit = v.buf == Buf::Output && written.range(..b).next_back().is_some_and(|(_, &e)| e > a);
+                    out[i] = (!hit).then_some(v);
+                }
+                if let Some(d) = s.dst.filter(|d| d.buf == Buf::Output && s.count > 0) {
+                    let (mut a, mut b) = (d.offset, d.offset + s.count);
+                    // merge with every interval that touches [a, b)
+                    while let Some((&sa, &sb)) = written.range(..=b).next_back().filter(|(_, &e)| e >= a) {
+                        written.remove(&sa);
+                        (a, b) = (a.min(sa), b.max(sb));
+                    }
+                    written.insert(a, b);
+                }
             }
-            let overlaps = |a: Slice, an: usize, b: Slice, bn: usize| {
-                a.buf == b.buf && a.offset < b.offset + bn && b.offset < a.offset + an
-            };
-            (0..self.steps.len())
-                .map(|i| {
-                    let s = &self.steps[i];
-                    s.send?;
-                    let v = match (s.dst, s.recv, s.src) {
-                        (Some(d), _, _) => d,
-                        (None, None, Some(src)) if !s.post => src,
-                        _ => return None,
-                    };
-                    let later = &self.steps[i + 1..];
-                    let written = v.buf == Buf::Output
-                        && later.iter().any(|t| t.dst.is_some_and(|d| overlaps(d, t.count, v, s.count)));
-                    (!written).then_some(v)
-                })
-                .collect()
+            out
         });
         stable.get(i).copied().flatten()
     }

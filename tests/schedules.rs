@@ -467,3 +467,46 @@ fn fingerprints_decode_to_the_call() {
         }
     }
 }
+
+/// `Schedule::stable_send` (one sweep with merged intervals) against its definition, checked
+/// pairwise: a sent value is stable when it is the step's destination (or its untouched source)
+/// and no later step writes an overlapping output range.
+#[test]
+fn stable_sends_match_their_definition() {
+    use oxccl::schedule::{Buf, Slice};
+    let oracle = |s: &oxccl::schedule::Schedule, i: usize| -> Option<Slice> {
+        let st = &s.steps[i];
+        st.send?;
+        let v = match (st.dst, st.recv, st.src) {
+            (Some(d), _, _) => d,
+            (None, None, Some(src)) if !st.post => src,
+            _ => return None,
+        };
+        let overlaps = |d: Slice, n: usize| d.buf == v.buf && d.offset < v.offset + st.count && v.offset < d.offset + n;
+        let written =
+            v.buf == Buf::Output && s.steps[i + 1..].iter().any(|t| t.dst.is_some_and(|d| overlaps(d, t.count)));
+        (!written).then_some(v)
+    };
+    let mut checked = 0;
+    for algo in Algo::ALL {
+        for coll in COLLS {
+            for n in [1, 2, 3, 5, 8] {
+                for (count, chunk) in [(1, 1), (37, 4), (200, 64)] {
+                    for rank in 0..n {
+                        let root = n - 1;
+                        let s = build(&Params { coll, nranks: n, rank, count, root, chunk, avg: count % 2 == 1, algo });
+                        for i in 0..s.steps.len() {
+                            assert_eq!(
+                                s.stable_send(i),
+                                oracle(&s, i),
+                                "{algo:?} {coll:?} n={n} count={count} rank={rank} step {i}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "{checked}");
+}

@@ -436,6 +436,7 @@ impl HostBuf for RawBuf {
 }
 
 /// Where an operation's buffers are: separate, or NCCL's in-place form of one allocation.
+#[derive(Clone, Copy)]
 enum Layout {
     Split { send: usize, send_len: usize, recv: usize, recv_len: usize },
     InPlace { base: usize, len: usize, in_off: usize, out_off: usize },
@@ -654,16 +655,7 @@ fn enqueue(
     let in_group = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 > 0 {
-            g.1.push(Pending {
-                entry: e.clone(),
-                desc,
-                layout: match layout {
-                    Layout::Split { send, send_len, recv, recv_len } => {
-                        Layout::Split { send, send_len, recv, recv_len }
-                    }
-                    Layout::InPlace { base, len, in_off, out_off } => Layout::InPlace { base, len, in_off, out_off },
-                },
-            });
+            g.1.push(Pending { entry: e.clone(), desc, layout });
             true
         } else {
             false
