@@ -454,7 +454,7 @@ impl<'a> OpRun<'a> {
                 direct = true;
                 RECEIVED_DIRECT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(s) = slot.as_deref_mut() {
-                    s[..len].copy_from_slice(output_window(&mut self.mem, d.offset * es, len)?);
+                    s[..len].copy_from_slice(dst);
                 }
             }
         }

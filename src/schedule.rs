@@ -619,19 +619,7 @@ fn rabenseifner(b: &mut Builder, p: &Params) {
         let (keep, give) = if r & d == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
         let (gs, ge) = range(give.0, give.1);
         let (ks, ke) = range(keep.0, keep.1);
-        let rounds = chunks(gs, ge).max(chunks(ks, ke));
-        for k in 0..=rounds {
-            // sends run one chunk ahead of receives (two slots per connection suffice)
-            if k < rounds {
-                let (o, l) = chunk_of(gs, ge, k, ch);
-                b.step(Step { recv: None, src: base(o), dst: None, send: Some(partner), count: l, post: false });
-            }
-            if k > 0 {
-                let (o, l) = chunk_of(ks, ke, k - 1, ch);
-                let post = p.avg && d == 1;
-                b.step(Step { recv: Some(partner), src: base(o), dst: out(o), send: None, count: l, post });
-            }
-        }
+        exchange(b, partner, ch, (gs, ge, base), (ks, ke, base), p.avg && d == 1);
         (lo, hi) = keep;
         base = out;
         d /= 2;
@@ -642,17 +630,7 @@ fn rabenseifner(b: &mut Builder, p: &Params) {
         let (ps, pe) = (partner & !(d - 1), (partner & !(d - 1)) + d);
         let (ms, me) = range(lo, hi);
         let (ts, te) = range(ps, pe);
-        let rounds = chunks(ms, me).max(chunks(ts, te));
-        for k in 0..=rounds {
-            if k < rounds {
-                let (o, l) = chunk_of(ms, me, k, ch);
-                b.step(Step { recv: None, src: out(o), dst: None, send: Some(partner), count: l, post: false });
-            }
-            if k > 0 {
-                let (o, l) = chunk_of(ts, te, k - 1, ch);
-                b.step(Step { recv: Some(partner), src: None, dst: out(o), send: None, count: l, post: false });
-            }
-        }
+        exchange(b, partner, ch, (ms, me, out), (ts, te, |_| None), false);
         (lo, hi) = (lo.min(ps), hi.max(pe));
         d *= 2;
     }
@@ -660,6 +638,25 @@ fn rabenseifner(b: &mut Builder, p: &Params) {
         for k in 0..chunks(0, c) {
             let (o, l) = chunk_of(0, c, k, ch);
             b.step(Step { recv: None, src: out(o), dst: None, send: Some(e), count: l, post: false });
+        }
+    }
+}
+
+/// One pairwise exchange round of [`rabenseifner`]: send elements `[ss, se)` read from `sbuf` to
+/// `partner` while receiving `[rs, re)` from it, combined with what `rsrc` gives (if any), into the
+/// output (`post`: the avg division). Sends run one chunk ahead of receives, so two slots per
+/// connection suffice.
+type Window = (usize, usize, fn(usize) -> Option<Slice>);
+fn exchange(b: &mut Builder, partner: usize, ch: usize, (ss, se, sbuf): Window, (rs, re, rsrc): Window, post: bool) {
+    let rounds = (se - ss).div_ceil(ch).max((re - rs).div_ceil(ch));
+    for k in 0..=rounds {
+        if k < rounds {
+            let (o, l) = chunk_of(ss, se, k, ch);
+            b.step(Step { recv: None, src: sbuf(o), dst: None, send: Some(partner), count: l, post: false });
+        }
+        if k > 0 {
+            let (o, l) = chunk_of(rs, re, k - 1, ch);
+            b.step(Step { recv: Some(partner), src: rsrc(o), dst: out(o), send: None, count: l, post });
         }
     }
 }
