@@ -188,11 +188,23 @@ fn f16_tiles(op: ReduceOp, out: &mut [u8], a: &[u8], b: Option<&[u8]>) -> bool {
         let (x, y) = (&mut fa[..m], &fb[..m]);
         match op {
             ReduceOp::Prod => x.iter_mut().zip(y).for_each(|(x, y)| *x *= y),
-            ReduceOp::Min => x.iter_mut().zip(y).for_each(|(x, y)| *x = if *y < *x { *y } else { *x }),
-            ReduceOp::Max => x.iter_mut().zip(y).for_each(|(x, y)| *x = if *y > *x { *y } else { *x }),
+            // min and max pick one input's bits unchanged (a round trip through f32 would quiet
+            // a signalling NaN), as the per-element path does
+            ReduceOp::Min | ReduceOp::Max => {
+                let ybits: &[half::f16] = match b {
+                    Some(b) => &b[start..start + m],
+                    None => bytemuck::cast_slice(&out[start * 2..(start + m) * 2]),
+                };
+                let pick_y = |x: f32, y: f32| if op == ReduceOp::Min { y < x } else { y > x };
+                for i in 0..m {
+                    tile_out[i] = if pick_y(x[i], y[i]) { ybits[i] } else { a[start + i] };
+                }
+            }
             _ => x.iter_mut().zip(y).for_each(|(x, y)| *x += y),
         }
-        tile_out[..m].convert_from_f32_slice(x);
+        if !matches!(op, ReduceOp::Min | ReduceOp::Max) {
+            tile_out[..m].convert_from_f32_slice(x);
+        }
         let ob: &mut [half::f16] = bytemuck::cast_slice_mut(&mut out[start * 2..(start + m) * 2]);
         ob.copy_from_slice(&tile_out[..m]);
         start += m;

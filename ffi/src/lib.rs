@@ -272,7 +272,9 @@ enum Scalar {
 }
 
 struct Entry {
-    comm: OnceLock<Communicator>,
+    comm: OnceLock<Arc<Communicator>>,
+    /// The device executor, created by the first call with device buffers.
+    dev: Mutex<Option<Arc<oxccl_cuda::DeviceComm>>>,
     init_error: Mutex<Option<Error>>,
     blocking: bool,
     device: c_int,
@@ -285,6 +287,7 @@ impl Entry {
     fn new(blocking: bool, device: c_int) -> Arc<Entry> {
         Arc::new(Entry {
             comm: OnceLock::new(),
+            dev: Mutex::new(None),
             init_error: Mutex::new(None),
             blocking,
             device,
@@ -296,7 +299,7 @@ impl Entry {
 
     fn ready(&self) -> Result<&Communicator, Error> {
         match self.comm.get() {
-            Some(c) => Ok(c),
+            Some(c) => Ok(c.as_ref()),
             None => match &*self.init_error.lock().unwrap() {
                 Some(e) => Err(e.clone()),
                 None => Err(Error::new(ErrorKind::InProgress, "the communicator is still initializing")),
@@ -328,6 +331,28 @@ impl Entry {
                 self.async_error.lock().unwrap().get_or_insert(e);
             }
         }
+        // device operations enqueued earlier run first too (host calls are ordered after them)
+        let dev = self.dev.lock().unwrap().clone();
+        if let Some(d) = dev {
+            d.drain();
+        }
+    }
+
+    /// The device executor for buffers on GPU `ordinal` (created on first use).
+    fn device_comm(&self, ordinal: i32) -> Result<Arc<oxccl_cuda::DeviceComm>, Error> {
+        let mut dev = self.dev.lock().unwrap();
+        if let Some(d) = &*dev {
+            return Ok(d.clone());
+        }
+        let comm = self.comm.get().ok_or_else(|| Error::new(ErrorKind::InProgress, "the communicator is still initializing"))?;
+        let d = Arc::new(oxccl_cuda::DeviceComm::new(Arc::new(comm.clone()), ordinal)?);
+        *dev = Some(d.clone());
+        Ok(d)
+    }
+
+    /// The first asynchronous error of the device executor, if any.
+    fn device_error(&self) -> Option<Error> {
+        self.dev.lock().unwrap().as_ref().and_then(|d| d.error())
     }
 }
 
@@ -448,8 +473,22 @@ enum Layout {
 type CuPointerGetAttribute = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
 
 fn cu_pointer_get_attribute() -> Option<CuPointerGetAttribute> {
-    static F: OnceLock<Option<usize>> = OnceLock::new();
-    let f = *F.get_or_init(|| {
+    // found once: kept; not found: looked up again at most every 50 ms (a program may load CUDA
+    // after its first host-buffer call)
+    static F: OnceLock<usize> = OnceLock::new();
+    static LAST_MISS: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+    if let Some(&f) = F.get() {
+        // SAFETY: the symbol has this signature in every CUDA driver API version.
+        return Some(unsafe { std::mem::transmute::<usize, CuPointerGetAttribute>(f) });
+    }
+    {
+        let mut last = LAST_MISS.lock().unwrap();
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(50)) {
+            return None;
+        }
+        *last = Some(std::time::Instant::now());
+    }
+    let f: Option<usize> = {
         // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD: only a driver the process
         // already loaded (a process that never loaded CUDA cannot hold device pointers), so
         // nothing is initialised behind the caller's back.
@@ -461,27 +500,61 @@ fn cu_pointer_get_attribute() -> Option<CuPointerGetAttribute> {
             let f = libc::dlsym(h, c"cuPointerGetAttribute".as_ptr());
             (!f.is_null()).then_some(f as usize)
         }
-    });
+    };
+    let f = *F.get_or_init(|| f.unwrap_or(0));
     // SAFETY: the symbol has this signature in every CUDA driver API version.
-    f.map(|f| unsafe { std::mem::transmute::<usize, CuPointerGetAttribute>(f) })
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, CuPointerGetAttribute>(f) })
 }
 
-/// Refuse device memory until the CUDA path exists: a device pointer read as host memory would
-/// crash the caller. Host memory, unregistered with CUDA, answers an error from the driver.
-fn check_host(p: usize, what: &str, name: &str) -> Result<(), Error> {
-    const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
-    const CU_MEMORYTYPE_DEVICE: u32 = 2;
-    let (Some(f), true) = (cu_pointer_get_attribute(), p != 0) else { return Ok(()) };
-    let mut kind: u32 = 0;
-    // SAFETY: the attribute is a 32-bit CUmemorytype written into `kind`; the driver only
-    // looks the address up, it does not dereference it.
-    let rc = unsafe { f((&mut kind as *mut u32).cast(), CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p as u64) };
-    if rc == 0 && kind == CU_MEMORYTYPE_DEVICE {
-        return Err(Error::invalid_usage(format!(
-            "{name}: {what} is device memory; oxccl's C ABI handles host memory only until its CUDA path exists"
-        )));
+/// Where a buffer lives: device memory only exists in a process that loaded the CUDA driver.
+fn memory_of(p: usize) -> oxccl_cuda::Memory {
+    if p == 0 || cu_pointer_get_attribute().is_none() {
+        oxccl_cuda::Memory::Host
+    } else {
+        oxccl_cuda::classify(p as u64)
     }
-    Ok(())
+}
+
+/// Without CUDA in the process, a pointer that is not mapped (a device pointer from elsewhere, a
+/// stale address) would crash the caller when read: check the window's first and last byte with
+/// `process_vm_readv` on ourselves, which reports EFAULT instead of faulting. Recently checked
+/// windows are remembered (training loops reuse their buffers).
+fn check_mapped(p: usize, len: usize, what: &str, name: &str) -> Result<(), Error> {
+    thread_local! {
+        static SEEN: std::cell::RefCell<[(usize, usize); 8]> = const { std::cell::RefCell::new([(0, 0); 8]) };
+    }
+    if p == 0 || len == 0 {
+        return Ok(());
+    }
+    let end = p + len;
+    if SEEN.with(|s| s.borrow().iter().any(|&(a, b)| a <= p && end <= b)) {
+        return Ok(());
+    }
+    let mut local = [0u8; 2];
+    let liov = [libc::iovec { iov_base: local.as_mut_ptr().cast(), iov_len: 2 }];
+    let riov = [
+        libc::iovec { iov_base: p as *mut c_void, iov_len: 1 },
+        libc::iovec { iov_base: (end - 1) as *mut c_void, iov_len: 1 },
+    ];
+    // SAFETY: reads two bytes of our own address space through the kernel, which checks the
+    // addresses; the local buffer holds two bytes.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), liov.as_ptr(), 1, riov.as_ptr(), 2, 0) };
+    if n == 2 {
+        SEEN.with(|s| {
+            let mut s = s.borrow_mut();
+            s.rotate_right(1);
+            s[0] = (p, end);
+        });
+        return Ok(());
+    }
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    if n < 0 && errno != Some(libc::EFAULT) {
+        return Ok(()); // the check itself is unavailable (seccomp, ptrace policy): trust the caller
+    }
+    Err(arg(format!(
+        "{name}: {what} {p:#x} ({len} bytes) is not host memory of this process, and CUDA is not loaded here \
+         (a device pointer needs the CUDA driver in this process; otherwise the pointer is invalid)"
+    )))
 }
 
 /// Check an operation's arguments and locate its buffers.
@@ -610,6 +683,51 @@ struct Pending {
     entry: Arc<Entry>,
     desc: OpDesc,
     layout: Layout,
+    /// Device buffers: the device, and the stream the operation is enqueued on.
+    device: Option<(i32, usize)>,
+}
+
+fn dev_mem(l: &Layout) -> oxccl_cuda::DevMem {
+    match *l {
+        Layout::Split { send, send_len, recv, recv_len } => {
+            oxccl_cuda::DevMem::Split { send: send as u64, send_len, recv: recv as u64, recv_len }
+        }
+        Layout::InPlace { base, len, in_off, out_off } => {
+            oxccl_cuda::DevMem::InPlace { base: base as u64, len, in_off, out_off }
+        }
+    }
+}
+
+/// Where an operation's buffers live: `Some(device)` for device memory (both windows on one GPU),
+/// `None` for host memory; buffers of both kinds in one operation are refused.
+fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
+    use oxccl_cuda::Memory;
+    let (a, alen, b, blen) = match *l {
+        Layout::Split { send, send_len, recv, recv_len } => (send, send_len, recv, recv_len),
+        Layout::InPlace { base, len, .. } => (base, len, base, len),
+    };
+    let ma = if alen > 0 { memory_of(a) } else { Memory::Host };
+    let mb = if blen > 0 { memory_of(b) } else { Memory::Host };
+    match (ma, mb, alen > 0, blen > 0) {
+        (Memory::Device(x), Memory::Device(y), _, _) if x != y => Err(arg(format!(
+            "{name}: sendbuff is on GPU {x} and recvbuff on GPU {y}; both must be on the communicator's GPU"
+        ))),
+        (Memory::Device(x), _, _, false) | (_, Memory::Device(x), false, _) | (Memory::Device(x), Memory::Device(_), _, _) => {
+            Ok(Some(x))
+        }
+        (Memory::Device(_), Memory::Host, _, true) | (Memory::Host, Memory::Device(_), true, _) => Err(arg(format!(
+            "{name}: one buffer is device memory and the other host memory; both must be of one kind"
+        ))),
+        _ => {
+            if cu_pointer_get_attribute().is_none() {
+                check_mapped(a, alen, "sendbuff", name)?;
+                if b != a {
+                    check_mapped(b, blen, "recvbuff", name)?;
+                }
+            }
+            Ok(None)
+        }
+    }
 }
 
 thread_local! {
@@ -642,20 +760,16 @@ fn enqueue(
     } else {
         0
     };
-    if !stream.is_null() {
-        return Err(Error::invalid_usage(format!(
-            "{}: a CUDA stream was given, but oxccl's C ABI runs on host memory only for now: pass a NULL stream",
-            coll.name()
-        )));
-    }
     let desc = OpDesc { coll, dtype: dt, op, count, root };
     let layout = layout(comm, &desc, send, recv)?;
-    check_host(send as usize, "sendbuff", coll.name())?;
-    check_host(recv as usize, "recvbuff", coll.name())?;
+    let device = placement(&layout, coll.name())?.map(|d| (d, stream as usize));
+    if device.is_none() {
+        host_after_stream(stream, coll.name())?;
+    }
     let in_group = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 > 0 {
-            g.1.push(Pending { entry: e.clone(), desc, layout });
+            g.1.push(Pending { entry: e.clone(), desc, layout, device });
             true
         } else {
             false
@@ -664,8 +778,20 @@ fn enqueue(
     if in_group {
         return Ok(ncclSuccess);
     }
-    if let Some(err) = e.async_error.lock().unwrap().clone() {
+    if let Some(err) = e.async_error.lock().unwrap().clone().or_else(|| e.device_error()) {
         return Err(err);
+    }
+    if let Some((ordinal, stream)) = device {
+        // NCCL's stream semantics: enqueue on the stream and return
+        let dc = e.device_comm(ordinal)?;
+        // SAFETY: NCCL's contract: device buffers of the communicator's GPU, valid until the
+        // operation completes on `stream`, a live stream.
+        unsafe { dc.enqueue(vec![(desc, dev_mem(&layout))], oxccl_cuda::UserStream(stream))? };
+        return Ok(ncclSuccess);
+    }
+    let dev = e.dev.lock().unwrap().clone();
+    if let Some(d) = dev {
+        d.drain(); // device operations enqueued earlier go first
     }
     if e.blocking {
         // SAFETY: a blocking call: the caller's buffers are valid until it returns.
@@ -680,6 +806,21 @@ fn enqueue(
         e.requests.lock().unwrap().push(req);
         Ok(ncclInProgress)
     }
+}
+
+/// Host buffers with a CUDA stream: the host operation runs once the stream's earlier work is
+/// done (it completes before the call returns, so later stream work is ordered after it).
+fn host_after_stream(stream: cudaStream_t, name: &str) -> Result<(), Error> {
+    if stream.is_null() {
+        return Ok(());
+    }
+    if cu_pointer_get_attribute().is_none() {
+        return Err(Error::invalid_usage(format!(
+            "{name}: a CUDA stream was given, but CUDA is not loaded in this process (host buffers take a NULL stream)"
+        )));
+    }
+    // SAFETY: NCCL's contract: a live stream of the caller's.
+    unsafe { oxccl_cuda::driver::sync_user_stream(stream.cast()) }
 }
 
 fn group_end() -> R {
@@ -698,8 +839,22 @@ fn group_end() -> R {
     for p in &ops {
         p.entry.wait_requests();
     }
+    // device operations: one job per communicator and stream, enqueued together
+    let mut jobs: Vec<(Arc<Entry>, i32, usize, Vec<(OpDesc, oxccl_cuda::DevMem)>)> = Vec::new();
+    for p in ops.iter().filter(|p| p.device.is_some()) {
+        let (ordinal, stream) = p.device.unwrap();
+        match jobs.iter_mut().find(|j| Arc::ptr_eq(&j.0, &p.entry) && j.2 == stream) {
+            Some(j) => j.3.push((p.desc, dev_mem(&p.layout))),
+            None => jobs.push((p.entry.clone(), ordinal, stream, vec![(p.desc, dev_mem(&p.layout))])),
+        }
+    }
+    for (entry, ordinal, stream, list) in jobs {
+        let dc = entry.device_comm(ordinal)?;
+        // SAFETY: NCCL's contract for device buffers and streams (see `enqueue`).
+        unsafe { dc.enqueue(list, oxccl_cuda::UserStream(stream))? };
+    }
     let mut group = oxccl::Group::new();
-    for p in &ops {
+    for p in ops.iter().filter(|p| p.device.is_none()) {
         let comm = p.entry.ready()?;
         // SAFETY: the caller's buffers stay valid until ncclGroupEnd returns (NCCL's contract for
         // operations of a group, which we complete before returning).
@@ -766,7 +921,7 @@ fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int
     let e = Entry::new(blocking, 0);
     if blocking {
         let c = Communicator::init_with_config(&uid, n, r, Config::default())?;
-        let _ = e.comm.set(c);
+        let _ = e.comm.set(Arc::new(c));
         // SAFETY: checked non-null above; the caller's out-pointer.
         unsafe { put(comm, register(e), "comm")? };
         return Ok(ncclSuccess);
@@ -778,7 +933,7 @@ fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int
         .name("oxccl-init".into())
         .spawn(move || match Communicator::init_with_config(&uid, n, r, Config::default()) {
             Ok(c) => {
-                let _ = e.comm.set(c);
+                let _ = e.comm.set(Arc::new(c));
             }
             Err(err) => *e.init_error.lock().unwrap() = Some(err),
         })
@@ -854,7 +1009,7 @@ export! {
                     unsafe { *devlist.add(i) }
                 };
                 let e = Entry::new(true, dev);
-                let _ = e.comm.set(c);
+                let _ = e.comm.set(Arc::new(c));
                 // SAFETY: comm has room for ndev handles (NCCL's contract).
                 unsafe { comm.add(i).write(register(e)) };
             }
@@ -880,7 +1035,7 @@ export! {
             let h = match child {
                 Some(c) => {
                     let ne = Entry::new(cfg.blocking.unwrap_or(e.blocking), e.device);
-                    let _ = ne.comm.set(c);
+                    let _ = ne.comm.set(Arc::new(c));
                     register(ne)
                 }
                 None => std::ptr::null_mut(),
@@ -996,7 +1151,9 @@ export! {
                 Ok(c) => {
                     if e.poll_requests() {
                         ncclInProgress
-                    } else if let Some(err) = e.async_error.lock().unwrap().clone().or_else(|| c.error()) {
+                    } else if let Some(err) =
+                        e.async_error.lock().unwrap().clone().or_else(|| e.device_error()).or_else(|| c.error())
+                    {
                         set_last_error(&err.to_string());
                         result_of(&err)
                     } else {

@@ -2,6 +2,7 @@
  * the communicator still works afterwards. */
 #include <stdint.h>
 #include "common.h"
+#include <sys/mman.h>
 
 #define EXPECT_RC(call, want)                                                                          \
   do {                                                                                                 \
@@ -58,8 +59,21 @@ int main(void) {
   EXPECT_RC(ncclAllGather(a, b, SIZE_MAX / 4, ncclFloat32, comm, NULL), ncclInvalidArgument);
   /* overlapping buffers that are not NCCL's in-place layout */
   EXPECT_RC(ncclAllReduce(a, a + 1, 4, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
-  /* a CUDA stream: refused until the device path exists */
+  /* a CUDA stream with host buffers in a process without CUDA: refused, not dereferenced */
   EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, (cudaStream_t)(uintptr_t)0x5000), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(NULL), "CUDA is not loaded") != NULL, "message: %s", ncclGetLastError(NULL));
+  /* a device pointer (here: an address nothing is mapped at) without CUDA: a clear error, no crash */
+  {
+    void* gone = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT(gone != MAP_FAILED, "mmap");
+    munmap(gone, 1 << 20);
+    EXPECT_RC(ncclAllReduce(gone, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "CUDA is not loaded") != NULL, "message: %s", ncclGetLastError(NULL));
+    EXPECT_RC(ncclAllReduce(a, gone, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclBroadcast(gone, gone, 8, ncclFloat32, 0, comm, NULL), ncclInvalidArgument);
+    /* and the communicator still works */
+    EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclSuccess);
+  }
   /* unimplemented functions say so by name */
   EXPECT_RC(ncclCommRevoke(comm, 0), ncclInvalidUsage);
   EXPECT(strstr(ncclGetLastError(NULL), "ncclCommRevoke") && strstr(ncclGetLastError(NULL), "not implemented"),

@@ -1,0 +1,685 @@
+//! Device buffers on the caller's stream.
+//!
+//! [`DeviceComm::enqueue`] follows NCCL's stream semantics: it records an event on the caller's
+//! stream (the operation's inputs are ready when it fires), enqueues a *gate* host function on
+//! the same stream (work enqueued after the call waits for the operation), hands the job to the
+//! communicator's worker thread and returns at once. The worker sleeps on the event
+//! (`CU_EVENT_BLOCKING_SYNC`: no busy loop), runs the operation, then opens the gate. CUDA work
+//! before the call is therefore ordered before it and work after it is ordered after it;
+//! completion is observed by synchronising the stream.
+//!
+//! Two executors, chosen identically by every rank (the choice is agreed on by the ranks):
+//! - **CUDA IPC one-shot** (all ranks on one host, at most 8, all-reduce, reduce-scatter,
+//!   all-gather, broadcast, reduce): the ranks exchange IPC handles of their buffers through the
+//!   host communicator (same-process ranks use the pointers directly; several ranks may share
+//!   one GPU, unlike NCCL), then each rank runs one kernel that reads its chunk from every rank's
+//!   input directly and writes the result into every rank's output (the fused copy-reduce), and
+//!   the ranks meet again before the gates open. Inputs are folded in rank order, so the result
+//!   is bit-identical to the host reference whatever the rank count.
+//! - **Staging** (everything else; ranks on several hosts; send/recv groups): the inputs are
+//!   copied to pinned host memory on an internal non-blocking stream, the host communicator runs
+//!   the operation with the same schedules, tuner and transports as host buffers (TCP between
+//!   hosts), and the outputs are copied back.
+//!
+//! Graph capture: a call on a stream that is being captured returns `InvalidUsage` (the gate and
+//! the worker's hand-off cannot be replayed by a graph).
+
+use crate::driver::{self, Event, Memory, Pinned, Stream};
+use crate::kernels::{self, KernelArgs, MAX_PTRS};
+use oxccl::exec::OpMem;
+use oxccl::{Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The host communicator a [`DeviceComm`] runs on (implemented by [`Communicator`]; the C ABI
+/// implements it for its handle table entries).
+pub trait HostComm: Send + Sync + 'static {
+    /// The communicator.
+    fn comm(&self) -> &Communicator;
+}
+
+impl HostComm for Communicator {
+    fn comm(&self) -> &Communicator {
+        self
+    }
+}
+
+impl HostComm for Arc<Communicator> {
+    fn comm(&self) -> &Communicator {
+        self
+    }
+}
+
+/// An operation's device buffers (device addresses), in the two shapes NCCL allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevMem {
+    /// Separate send and receive buffers (either may be empty).
+    Split {
+        /// Send buffer address.
+        send: u64,
+        /// Its length in bytes.
+        send_len: usize,
+        /// Receive buffer address.
+        recv: u64,
+        /// Its length in bytes.
+        recv_len: usize,
+    },
+    /// One buffer holding both windows (NCCL's in-place forms).
+    InPlace {
+        /// The buffer.
+        base: u64,
+        /// Its length.
+        len: usize,
+        /// Offset of the input window.
+        in_off: usize,
+        /// Offset of the output window.
+        out_off: usize,
+    },
+}
+
+impl DevMem {
+    fn input(&self, in_len: usize) -> (u64, usize) {
+        match *self {
+            DevMem::Split { send, send_len, .. } => (send, send_len),
+            DevMem::InPlace { base, in_off, .. } => (base + in_off as u64, in_len),
+        }
+    }
+    fn output(&self, out_len: usize) -> (u64, usize) {
+        match *self {
+            DevMem::Split { recv, recv_len, .. } => (recv, recv_len),
+            DevMem::InPlace { base, out_off, .. } => (base + out_off as u64, out_len),
+        }
+    }
+    fn pinned_len(&self) -> usize {
+        match *self {
+            DevMem::Split { send_len, recv_len, .. } => send_len.div_ceil(64) * 64 + recv_len,
+            DevMem::InPlace { len, .. } => len,
+        }
+    }
+    fn pointers(&self) -> [u64; 2] {
+        match *self {
+            DevMem::Split { send, recv, .. } => [send, recv],
+            DevMem::InPlace { base, .. } => [base, base],
+        }
+    }
+}
+
+/// A typed device buffer: an address and an element count. Creating one is `unsafe` (the
+/// address must be device memory of the communicator's GPU, valid for `len` elements while
+/// operations that use it are in flight).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSlice<T> {
+    ptr: u64,
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: oxccl::Element> DeviceSlice<T> {
+    /// Wrap a device address.
+    ///
+    /// # Safety
+    /// `ptr` is device memory valid for `len` elements of `T` for as long as operations using
+    /// this slice are in flight on their stream.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        DeviceSlice { ptr, len, _t: std::marker::PhantomData }
+    }
+    /// The address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+}
+
+/// A CUDA stream of the caller's (a `CUstream`/`cudaStream_t`; NULL is the legacy default
+/// stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserStream(pub usize);
+
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+    limit: Duration,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+/// The host function parked on the user's stream until the operation is done.
+unsafe extern "C" fn gate_fn(p: *mut libc::c_void) {
+    // SAFETY: `p` came from Arc::into_raw in `enqueue`, and this function runs exactly once.
+    let g: Arc<Gate> = unsafe { Arc::from_raw(p as *const Gate) };
+    let mut open = g.open.lock().unwrap();
+    let deadline = Instant::now() + g.limit;
+    while !*open {
+        let now = Instant::now();
+        if now >= deadline {
+            // bounded: the worker records the error; the stream goes on rather than hanging
+            break;
+        }
+        open = g.cv.wait_timeout(open, deadline - now).unwrap().0;
+    }
+}
+
+struct Job {
+    ops: Vec<(OpDesc, DevMem)>,
+    ready: Event,
+    gate: Arc<Gate>,
+}
+
+struct Inner {
+    host: Arc<dyn HostComm>,
+    device: i32,
+    queue: Mutex<VecDeque<Job>>,
+    cv: Condvar,
+    idle: Condvar,
+    busy: Mutex<bool>,
+    error: Mutex<Option<Error>>,
+    shutdown: AtomicBool,
+}
+
+/// A communicator for device buffers (see the module docs).
+pub struct DeviceComm {
+    inner: Arc<Inner>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How the last operations ran (for tests and `gpu-check.sh`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PathCounts {
+    /// Operations run by the IPC one-shot kernels.
+    pub ipc: u64,
+    /// Operations run by staging through host memory.
+    pub staged: u64,
+}
+
+static COUNTS: Mutex<PathCounts> = Mutex::new(PathCounts { ipc: 0, staged: 0 });
+
+/// Operations run by each executor in this process so far.
+pub fn path_counts() -> PathCounts {
+    *COUNTS.lock().unwrap()
+}
+
+impl DeviceComm {
+    /// A device communicator over `host` for buffers on device `device`. Fails with
+    /// `Unavailable` when CUDA is not usable here.
+    pub fn new(host: Arc<dyn HostComm>, device: i32) -> Result<DeviceComm> {
+        driver::probe()?;
+        driver::set_device(device)?;
+        driver::module(device)?; // compile or load the kernels now, not in the first call
+        let inner = Arc::new(Inner {
+            host,
+            device,
+            queue: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            idle: Condvar::new(),
+            busy: Mutex::new(false),
+            error: Mutex::new(None),
+            shutdown: AtomicBool::new(false),
+        });
+        let w = inner.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("oxccl-cuda-{}", inner.host.comm().rank()))
+            .spawn(move || worker_main(w))
+            .map_err(|e| Error::system("spawning the device worker thread", &e))?;
+        Ok(DeviceComm { inner, worker: Some(worker) })
+    }
+
+    /// The host communicator.
+    pub fn host(&self) -> &Communicator {
+        self.inner.host.comm()
+    }
+
+    /// The first error of an earlier asynchronous operation, if any (NCCL's async error).
+    pub fn error(&self) -> Option<Error> {
+        self.inner.error.lock().unwrap().clone()
+    }
+
+    /// Wait until every enqueued operation has run (their inputs became ready and they finished).
+    pub fn drain(&self) {
+        let mut busy = self.inner.busy.lock().unwrap();
+        while *busy || !self.inner.queue.lock().unwrap().is_empty() {
+            busy = self.inner.idle.wait_timeout(busy, Duration::from_millis(50)).unwrap().0;
+        }
+    }
+
+    /// Enqueue operations (several: one group, run together) on `stream` and return at once.
+    ///
+    /// # Safety
+    /// The buffers are device memory of this communicator's GPU, valid until the operation has
+    /// completed on `stream`; `stream` is a live stream of the current context (or NULL).
+    pub unsafe fn enqueue(&self, ops: Vec<(OpDesc, DevMem)>, stream: UserStream) -> Result<()> {
+        let rank = self.host().rank();
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        let stream = stream.0 as driver::CUstream;
+        driver::guarded("enqueue", || {
+            driver::set_device(self.inner.device)?;
+            if driver::is_capturing(stream)? {
+                return Err(Error::invalid_usage(
+                    "the stream is being captured into a CUDA graph: oxccl does not support graph capture of \
+                     collectives yet (call it outside the capture)",
+                )
+                .with_rank(rank));
+            }
+            for (d, m) in &ops {
+                for p in m.pointers() {
+                    if p != 0 && driver::classify(p) != Memory::Device(self.inner.device) {
+                        return Err(Error::invalid_argument(format!(
+                            "{}: buffer {p:#x} is not device memory of GPU {} (a communicator's device buffers must \
+                             live on its GPU)",
+                            d.coll.name(),
+                            self.inner.device
+                        ))
+                        .with_rank(rank));
+                    }
+                }
+            }
+            let ready = Event::new()?;
+            ready.record(stream)?;
+            let limit = self.host().config().timeout + Duration::from_secs(5);
+            let gate = Arc::new(Gate { open: Mutex::new(false), cv: Condvar::new(), limit });
+            let raw = Arc::into_raw(gate.clone()) as *mut libc::c_void;
+            // SAFETY: `raw` is an Arc reference that gate_fn takes back; gate_fn calls no CUDA.
+            if let Err(e) = unsafe { driver::launch_host_func(stream, gate_fn, raw) } {
+                // SAFETY: the host function was not enqueued: reclaim the reference.
+                drop(unsafe { Arc::from_raw(raw as *const Gate) });
+                return Err(e);
+            }
+            self.inner.queue.lock().unwrap().push_back(Job { ops, ready, gate });
+            self.inner.cv.notify_one();
+            Ok(())
+        })
+    }
+
+    /// All-reduce of device buffers on `stream` (returns at once).
+    ///
+    /// # Safety
+    /// See [`DeviceComm::enqueue`].
+    pub unsafe fn all_reduce<T: oxccl::Element>(
+        &self,
+        send: &DeviceSlice<T>,
+        recv: &DeviceSlice<T>,
+        op: ReduceOp,
+        stream: UserStream,
+    ) -> Result<()> {
+        let d = OpDesc { coll: Coll::AllReduce, dtype: T::DTYPE, op, count: send.len, root: 0 };
+        // SAFETY: the caller's contract.
+        unsafe { self.typed(d, send, recv, stream) }
+    }
+
+    /// Any collective on typed device slices (counts in NCCL's convention: `count` is `desc.count`).
+    ///
+    /// # Safety
+    /// See [`DeviceComm::enqueue`].
+    pub unsafe fn typed<T: oxccl::Element>(
+        &self,
+        desc: OpDesc,
+        send: &DeviceSlice<T>,
+        recv: &DeviceSlice<T>,
+        stream: UserStream,
+    ) -> Result<()> {
+        let host = self.host();
+        let (ni, no) = desc.coll.buffer_counts(host.size(), host.rank(), desc.count, desc.root);
+        if send.len < ni || recv.len < no {
+            return Err(Error::invalid_argument(format!(
+                "{}: buffers of {} and {} elements, {ni} and {no} needed",
+                desc.coll.name(),
+                send.len,
+                recv.len
+            )));
+        }
+        let es = std::mem::size_of::<T>();
+        let mem = if send.ptr == recv.ptr && send.ptr != 0 {
+            let (io, oo, len) = oxccl::schedule::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
+                .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", desc.coll.name())))?;
+            DevMem::InPlace { base: send.ptr, len: len * es, in_off: io * es, out_off: oo * es }
+        } else {
+            DevMem::Split { send: send.ptr, send_len: send.bytes().min(ni * es), recv: recv.ptr, recv_len: no * es }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.enqueue(vec![(desc, mem)], stream) }
+    }
+}
+
+impl Drop for DeviceComm {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.cv.notify_all();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Worker state: its stream, staging memory, IPC mappings.
+struct Worker {
+    stream: Stream,
+    staging: Option<Pinned>,
+    retired: Vec<Pinned>,
+    ipc: HashMap<[u8; 64], u64>,
+}
+
+fn worker_main(inner: Arc<Inner>) {
+    let init = driver::set_device(inner.device).and_then(|_| Stream::new());
+    let mut w = match init {
+        Ok(stream) => Worker { stream, staging: None, retired: Vec::new(), ipc: HashMap::new() },
+        Err(e) => {
+            *inner.error.lock().unwrap() = Some(e);
+            return;
+        }
+    };
+    loop {
+        let job = {
+            let mut q = inner.queue.lock().unwrap();
+            loop {
+                if let Some(j) = q.pop_front() {
+                    *inner.busy.lock().unwrap() = true;
+                    break Some(j);
+                }
+                if inner.shutdown.load(Ordering::SeqCst) {
+                    break None;
+                }
+                q = inner.cv.wait_timeout(q, Duration::from_millis(200)).unwrap().0;
+            }
+        };
+        let Some(job) = job else { break };
+        let already_failed = inner.error.lock().unwrap().is_some();
+        let r = if already_failed {
+            Ok(())
+        } else {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&inner, &mut w, &job))).unwrap_or_else(|_| {
+                Err(Error::new(ErrorKind::Internal, "the device worker panicked").with_rank(inner.host.comm().rank()))
+            })
+        };
+        if let Err(e) = r {
+            tracing::error!("oxccl device operation failed: {e}");
+            inner.error.lock().unwrap().get_or_insert(e);
+        }
+        job.gate.open();
+        *inner.busy.lock().unwrap() = false;
+        inner.idle.notify_all();
+    }
+    for (_, p) in w.ipc.drain() {
+        driver::ipc_close(p);
+    }
+}
+
+fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
+    let comm = inner.host.comm();
+    job.ready.wait()?;
+    if job.ops.len() == 1 {
+        let (d, m) = job.ops[0];
+        if ipc_eligible(comm, &d) {
+            if let Some(r) = try_ipc(inner, w, &d, &m) {
+                r?;
+                COUNTS.lock().unwrap().ipc += 1;
+                return Ok(());
+            }
+        }
+    }
+    staged(comm, w, &job.ops)?;
+    COUNTS.lock().unwrap().staged += 1;
+    Ok(())
+}
+
+/// Decided the same way on every rank (from the communicator's shape and the call).
+fn ipc_eligible(comm: &Communicator, d: &OpDesc) -> bool {
+    let on = std::env::var("OXCCL_CUDA_IPC").map(|v| v != "0").unwrap_or(true);
+    let one_host = comm.peers().iter().all(|p| p.host_id == comm.peers()[0].host_id);
+    on && one_host
+        && comm.size() <= MAX_PTRS
+        && matches!(d.coll, Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather | Coll::Broadcast | Coll::Reduce)
+}
+
+const REC: usize = 4 + 4 + 4 + 4 + 64 + 8 + 64 + 8 + 8 + 8;
+
+/// The IPC one-shot path. `None`: the ranks agreed to stage instead (some rank could not export
+/// or map a buffer); `Some(Err)`: the operation failed.
+fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Result<()>> {
+    let comm = inner.host.comm();
+    let (n, r) = (comm.size(), comm.rank());
+    let es = d.dtype.size();
+    let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
+    let (ip, ilen) = m.input(ni * es);
+    let (op, olen) = m.output(no * es);
+    // my record: pid, device, ok, handles and offsets of both windows, raw pointers
+    let mut rec = vec![0u8; REC];
+    let mut ok = 1u32;
+    let put = |rec: &mut Vec<u8>, at: usize, b: &[u8]| rec[at..at + b.len()].copy_from_slice(b);
+    put(&mut rec, 0, &std::process::id().to_le_bytes());
+    put(&mut rec, 4, &inner.device.to_le_bytes());
+    for (k, (p, len)) in [(ip, ilen), (op, olen)].into_iter().enumerate() {
+        let at = 16 + k * 72;
+        if p != 0 && len > 0 {
+            match driver::ipc_handle(p) {
+                Ok((h, off)) => {
+                    put(&mut rec, at, &h);
+                    put(&mut rec, at + 64, &off.to_le_bytes());
+                }
+                Err(e) => {
+                    tracing::debug!("no IPC handle for {p:#x} ({e}); staging");
+                    ok = 0;
+                }
+            }
+        }
+        put(&mut rec, 160 + k * 8, &p.to_le_bytes());
+    }
+    put(&mut rec, 8, &ok.to_le_bytes());
+    let mut all = vec![0u8; REC * n];
+    if let Err(e) = comm.all_gather(&rec, &mut all) {
+        return Some(Err(e));
+    }
+    let field = |q: usize, at: usize, len: usize| &all[q * REC + at..q * REC + at + len];
+    let u32_at = |q: usize, at: usize| u32::from_le_bytes(field(q, at, 4).try_into().unwrap());
+    let u64_at = |q: usize, at: usize| u64::from_le_bytes(field(q, at, 8).try_into().unwrap());
+    // every rank evaluates the same predicate on the same records
+    let all_ok = (0..n).all(|q| u32_at(q, 8) == 1)
+        && (0..n).all(|a| (0..n).all(|b| u32_at(a, 0) != u32_at(b, 0) || u32_at(a, 4) == u32_at(b, 4)));
+    if !all_ok {
+        return None;
+    }
+    // map every peer's windows (cached by handle: an allocation is opened once per process)
+    let me = std::process::id();
+    let mut addr = vec![[0u64; 2]; n];
+    let mut mapped = true;
+    for (q, a) in addr.iter_mut().enumerate() {
+        for k in 0..2 {
+            let raw = u64_at(q, 160 + k * 8);
+            if raw == 0 {
+                continue;
+            }
+            if u32_at(q, 0) == me {
+                a[k] = raw;
+                continue;
+            }
+            let h: [u8; 64] = field(q, 16 + k * 72, 64).try_into().unwrap();
+            let off = u64_at(q, 16 + k * 72 + 64);
+            let base = match w.ipc.get(&h) {
+                Some(&b) => Ok(b),
+                None => driver::ipc_open(&h).inspect(|&b| {
+                    w.ipc.insert(h, b);
+                }),
+            };
+            match base {
+                Ok(b) => a[k] = b + off,
+                Err(e) => {
+                    tracing::debug!("cannot map rank {q}'s buffer ({e}); staging");
+                    mapped = false;
+                }
+            }
+        }
+    }
+    // agree that everyone mapped everything (the same answer on every rank)
+    let mut flag = [u8::from(mapped)];
+    if let Err(e) = comm.all_reduce_inplace(&mut flag, ReduceOp::Min) {
+        return Some(Err(e));
+    }
+    if flag[0] == 0 {
+        return None;
+    }
+    let res = launch_one_shot(inner, w, d, &addr);
+    // nobody's gate opens (and nobody reuses its buffers) while a peer may still touch them;
+    // a kernel failure anywhere fails the operation everywhere
+    let mut flag = [u8::from(res.is_ok())];
+    let agreed = comm.all_reduce_inplace(&mut flag, ReduceOp::Min);
+    Some(res.and(agreed).and_then(|_| {
+        if flag[0] == 1 {
+            Ok(())
+        } else {
+            Err(Error::remote(format!("{}: a peer's IPC kernel failed", d.coll.name())).with_rank(r))
+        }
+    }))
+}
+
+/// This rank's share of a one-shot collective: one kernel on the worker's stream, then a
+/// sleeping wait for it.
+fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> Result<()> {
+    let comm = inner.host.comm();
+    let (n, r) = (comm.size(), comm.rank());
+    let es = d.dtype.size() as u64;
+    let count = d.count as u64;
+    let md = driver::module(inner.device)?;
+    let mut a = KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 0, nout: 0, post: 0, pad: 0 };
+    if let ReduceOp::PreMulSum(b) = d.op {
+        a.scalar = u64::from_le_bytes(b);
+    }
+    // chunks are whole 16-byte vectors so every chunk start stays aligned
+    let per = 16 / es.min(16);
+    let chunk = count.div_ceil(n as u64).div_ceil(per) * per;
+    let (start, len) = {
+        let s = (r as u64 * chunk).min(count);
+        (s, chunk.min(count - s))
+    };
+    let reduce_name = kernels::reduce_kernel_name(d.dtype, d.op);
+    let (name, elem) = match d.coll {
+        Coll::AllReduce | Coll::Reduce => {
+            for q in 0..n {
+                a.inputs[q] = addr[q][0] + start * es;
+            }
+            a.nin = n as u32;
+            if d.coll == Coll::AllReduce {
+                for q in 0..n {
+                    a.outputs[q] = addr[q][1] + start * es;
+                }
+                a.nout = n as u32;
+            } else {
+                a.outputs[0] = addr[d.root][1] + start * es;
+                a.nout = 1;
+            }
+            a.n = len;
+            a.post = if d.op == ReduceOp::Avg { n as u32 } else { 0 };
+            (reduce_name.as_str(), es as usize)
+        }
+        Coll::ReduceScatter => {
+            for q in 0..n {
+                a.inputs[q] = addr[q][0] + r as u64 * count * es;
+            }
+            a.nin = n as u32;
+            a.outputs[0] = addr[r][1];
+            a.nout = 1;
+            a.n = count;
+            a.post = if d.op == ReduceOp::Avg { n as u32 } else { 0 };
+            (reduce_name.as_str(), es as usize)
+        }
+        Coll::AllGather => {
+            a.inputs[0] = addr[r][0];
+            a.nin = 1;
+            for q in 0..n {
+                a.outputs[q] = addr[q][1] + r as u64 * count * es;
+            }
+            a.nout = n as u32;
+            a.n = count * es;
+            (kernels::COPY_KERNEL, 1)
+        }
+        Coll::Broadcast => {
+            let bytes = count * es;
+            let cb = bytes.div_ceil(n as u64).div_ceil(16) * 16;
+            let s = (r as u64 * cb).min(bytes);
+            a.inputs[0] = addr[d.root][0] + s;
+            a.nin = 1;
+            for q in 0..n {
+                a.outputs[q] = addr[q][1] + s;
+            }
+            a.nout = n as u32;
+            a.n = cb.min(bytes - s);
+            (kernels::COPY_KERNEL, 1)
+        }
+        _ => return Err(Error::new(ErrorKind::Internal, "not a one-shot collective")),
+    };
+    if a.n > 0 {
+        md.launch(name, &a, elem, w.stream.raw())?;
+    }
+    w.stream.sync()
+}
+
+/// The staged path: device → pinned host → host collective(s) → device.
+fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Result<()> {
+    let (n, r) = (comm.size(), comm.rank());
+    let total: usize = ops.iter().map(|(_, m)| m.pinned_len().div_ceil(64) * 64).sum();
+    if w.staging.as_ref().is_none_or(|p| p.len() < total) {
+        let p = Pinned::new(total.next_power_of_two())?;
+        if let Some(old) = w.staging.replace(p) {
+            w.retired.push(old); // freeing pinned memory synchronises the device: later
+        }
+    }
+    let pin = w.staging.as_ref().unwrap().ptr();
+    let mut at = 0usize;
+    let mut windows = Vec::new(); // (pinned offset of in, in dev, in len, pinned out, out dev, out len)
+    for (d, m) in ops {
+        let es = d.dtype.size();
+        let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
+        let (ip, il) = m.input(ni * es);
+        let (op, ol) = m.output(no * es);
+        let (pin_in, pin_out) = match *m {
+            DevMem::Split { send_len, .. } => (at, at + send_len.div_ceil(64) * 64),
+            DevMem::InPlace { in_off, out_off, .. } => (at + in_off, at + out_off),
+        };
+        windows.push((pin_in, ip, il, pin_out, op, ol));
+        at += m.pinned_len().div_ceil(64) * 64;
+    }
+    for &(pi, ip, il, ..) in &windows {
+        // SAFETY: pinned memory of `total` bytes holds every window; the device addresses are
+        // the caller's (enqueue's contract).
+        unsafe { driver::copy_d2h(pin.add(pi), ip, il, w.stream.raw())? };
+    }
+    w.stream.sync()?;
+    let mut g = Group::new();
+    let mut base = 0usize;
+    for (d, m) in ops {
+        // SAFETY: each operation gets a disjoint region of the pinned buffer, which only this
+        // thread touches until the copies back are done.
+        let region = unsafe { std::slice::from_raw_parts_mut(pin.add(base), m.pinned_len()) };
+        let mem = match *m {
+            DevMem::Split { send_len, recv_len, .. } => {
+                let (a, b) = region.split_at_mut(send_len.div_ceil(64) * 64);
+                OpMem::Split { input: &a[..send_len], output: &mut b[..recv_len] }
+            }
+            DevMem::InPlace { in_off, out_off, .. } => OpMem::InPlace { buf: region, in_off, out_off },
+        };
+        g.add(comm, *d, mem)?;
+        base += m.pinned_len().div_ceil(64) * 64;
+    }
+    g.run()?;
+    for &(_, _, _, po, op, ol) in &windows {
+        // SAFETY: as for the copies in.
+        unsafe { driver::copy_h2d(op, pin.add(po), ol, w.stream.raw())? };
+    }
+    w.stream.sync()
+}

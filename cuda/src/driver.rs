@@ -1,0 +1,477 @@
+//! The CUDA driver: probe, pointer classification, streams, events, pinned memory, the kernel
+//! module, IPC handles. Thin wrappers over cudarc's raw bindings; every call's status becomes an
+//! [`oxccl::Error`] naming the call and CUDA's own error name.
+
+use crate::{kernels, nvrtc};
+use cudarc::driver::sys as cu;
+use oxccl::{Error, ErrorKind, Result};
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::{Mutex, OnceLock};
+
+pub use cu::{CUdeviceptr, CUstream};
+
+/// Turn a driver status into a result naming the call.
+pub(crate) fn check(r: cu::CUresult, what: &str) -> Result<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut s: *const libc::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it NULL).
+    unsafe { cu::cuGetErrorName(r, &mut s) };
+    let name = if s.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: a NUL-terminated static string from the driver.
+        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+    };
+    Err(Error::new(ErrorKind::UnhandledCuda, format!("{what} failed: {name}")))
+}
+
+/// Probe the driver once: `libcuda` present, `cuInit` succeeds, at least one device. Never
+/// panics; the error is `Unavailable` with the reason.
+pub fn probe() -> Result<()> {
+    static P: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    P.get_or_init(|| {
+        // SAFETY: only tries to dlopen libcuda's candidate names.
+        let present = std::panic::catch_unwind(|| unsafe { cu::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Err("the CUDA driver (libcuda.so.1) is not installed on this machine".into());
+        }
+        let r = std::panic::catch_unwind(|| {
+            // SAFETY: cuInit has no pointer arguments; cuDeviceGetCount writes one int.
+            let mut n = 0;
+            unsafe {
+                check(cu::cuInit(0), "cuInit")?;
+                check(cu::cuDeviceGetCount(&mut n), "cuDeviceGetCount")?;
+            }
+            if n == 0 {
+                return Err(Error::new(ErrorKind::Unavailable, "the CUDA driver reports no device"));
+            }
+            Ok(())
+        });
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.message),
+            Err(_) => Err("the CUDA driver lacks a required symbol (driver too old?)".into()),
+        }
+    })
+    .clone()
+    .map_err(|m| Error::new(ErrorKind::Unavailable, format!("CUDA is unavailable: {m}")))
+}
+
+/// Run driver calls behind a panic boundary (cudarc panics on a missing symbol).
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    probe()?;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        Err(Error::new(ErrorKind::UnhandledCuda, format!("{what}: a CUDA driver call panicked (missing symbol?)")))
+    })
+}
+
+/// Where a pointer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// Device memory of this device ordinal.
+    Device(i32),
+    /// Host memory (pageable, pinned or managed memory the host can touch), or unknown to CUDA.
+    Host,
+}
+
+/// Classify a pointer with `cuPointerGetAttribute` (host if CUDA is unavailable).
+pub fn classify(ptr: u64) -> Memory {
+    if ptr == 0 || probe().is_err() {
+        return Memory::Host;
+    }
+    guarded("cuPointerGetAttribute", || {
+        let mut kind: u32 = 0;
+        // SAFETY: the attribute is a 32-bit CUmemorytype; the driver only looks the address up.
+        let r = unsafe {
+            cu::cuPointerGetAttribute(
+                (&mut kind as *mut u32).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        };
+        if r != cu::CUresult::CUDA_SUCCESS || kind != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Ok(Memory::Host);
+        }
+        let mut ord: i32 = 0;
+        // SAFETY: the attribute is an int.
+        let r = unsafe {
+            cu::cuPointerGetAttribute(
+                (&mut ord as *mut i32).cast(),
+                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        check(r, "cuPointerGetAttribute(DEVICE_ORDINAL)")?;
+        Ok(Memory::Device(ord))
+    })
+    .unwrap_or(Memory::Host)
+}
+
+/// Make device `ord`'s primary context current on this thread.
+pub fn set_device(ord: i32) -> Result<()> {
+    guarded("cuCtxSetCurrent", || {
+        static CTX: OnceLock<Mutex<HashMap<i32, usize>>> = OnceLock::new();
+        let mut m = CTX.get_or_init(Default::default).lock().unwrap();
+        let ctx = match m.get(&ord) {
+            Some(&c) => c as cu::CUcontext,
+            None => {
+                let mut dev = 0;
+                let mut ctx: cu::CUcontext = std::ptr::null_mut();
+                // SAFETY: out-pointers; the retained primary context lives for the process.
+                unsafe {
+                    check(cu::cuDeviceGet(&mut dev, ord), "cuDeviceGet")?;
+                    check(cu::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+                }
+                m.insert(ord, ctx as usize);
+                ctx
+            }
+        };
+        // SAFETY: a retained context.
+        check(unsafe { cu::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")
+    })
+}
+
+/// A device attribute of `ord`.
+pub fn attribute(ord: i32, a: cu::CUdevice_attribute) -> Result<i32> {
+    guarded("cuDeviceGetAttribute", || {
+        let (mut dev, mut v) = (0, 0);
+        // SAFETY: out-pointers.
+        unsafe {
+            check(cu::cuDeviceGet(&mut dev, ord), "cuDeviceGet")?;
+            check(cu::cuDeviceGetAttribute(&mut v, a, dev), "cuDeviceGetAttribute")?;
+        }
+        Ok(v)
+    })
+}
+
+/// Whether `stream` is being captured into a CUDA graph.
+pub fn is_capturing(stream: CUstream) -> Result<bool> {
+    let mut st = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a stream handle from the caller (NULL is the legacy default stream) and an out-pointer.
+    check(unsafe { cu::cuStreamIsCapturing(stream, &mut st) }, "cuStreamIsCapturing")?;
+    Ok(st != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// An event that blocks (sleeps) its waiter instead of spinning.
+pub struct Event(pub(crate) cu::CUevent);
+// SAFETY: CUDA events may be used from any thread of the process.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A blocking-sync event without timing.
+    pub fn new() -> Result<Event> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        let flags = cu::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32 | cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out-pointer; flags are valid.
+        check(unsafe { cu::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
+        Ok(Event(e))
+    }
+    /// Record on `stream`.
+    pub fn record(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: a live event and the caller's stream.
+        check(unsafe { cu::cuEventRecord(self.0, stream) }, "cuEventRecord")
+    }
+    /// Wait (sleeping) until the recorded work is done.
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: a live event.
+        check(unsafe { cu::cuEventSynchronize(self.0) }, "cuEventSynchronize")
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once; the driver defers destruction until pending records finish.
+        unsafe { cu::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// A stream of oxccl's own, non-blocking with respect to the legacy default stream (so it never
+/// waits on a user stream that is parked in an oxccl gate).
+pub struct Stream(pub(crate) CUstream);
+// SAFETY: CUDA streams may be used from any thread.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream on the current context.
+    pub fn new() -> Result<Stream> {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer, valid flag.
+        check(
+            unsafe { cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+            "cuStreamCreate",
+        )?;
+        Ok(Stream(s))
+    }
+    /// The raw handle.
+    pub fn raw(&self) -> CUstream {
+        self.0
+    }
+    /// Wait for everything enqueued so far, sleeping on a blocking-sync event.
+    pub fn sync(&self) -> Result<()> {
+        let e = Event::new()?;
+        e.record(self.0)?;
+        e.wait()
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: destroyed once.
+        unsafe { cu::cuStreamDestroy_v2(self.0) };
+    }
+}
+
+/// Page-locked host memory (staging buffers). Never freed while operations may be in flight:
+/// `cuMemFreeHost` synchronises the device, which would deadlock against a user stream parked in
+/// a gate; the owner frees it when the communicator is dropped.
+pub struct Pinned {
+    ptr: *mut u8,
+    len: usize,
+}
+// SAFETY: plain host memory.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    /// `len` bytes (at least 1).
+    pub fn new(len: usize) -> Result<Pinned> {
+        let mut p: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer; portable pinned memory.
+        check(unsafe { cu::cuMemHostAlloc(&mut p, len.max(1), cu::CU_MEMHOSTALLOC_PORTABLE) }, "cuMemHostAlloc")?;
+        Ok(Pinned { ptr: p.cast(), len })
+    }
+    /// Its size.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The host address.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc, freed once.
+        unsafe { cu::cuMemFreeHost(self.ptr.cast()) };
+    }
+}
+
+/// Copy device → host on `stream` (asynchronous).
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes until the copy completes.
+pub unsafe fn copy_d2h(dst: *mut u8, src: u64, len: usize, stream: CUstream) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract.
+    check(unsafe { cu::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream) }, "cuMemcpyDtoHAsync")
+}
+
+/// Copy host → device on `stream` (asynchronous).
+///
+/// # Safety
+/// `src` must be valid for `len` bytes until the copy completes.
+pub unsafe fn copy_h2d(dst: u64, src: *const u8, len: usize, stream: CUstream) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract.
+    check(unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream) }, "cuMemcpyHtoDAsync")
+}
+
+/// The kernels loaded on one device.
+pub struct Module {
+    funcs: HashMap<String, usize>,
+    sms: u32,
+    /// How the kernels were obtained (for logs and `gpu-check.sh`).
+    pub origin: String,
+}
+
+fn cache_dir() -> Option<std::path::PathBuf> {
+    if std::env::var_os("OXCCL_KERNEL_CACHE").is_some_and(|v| v == "0") {
+        return None;
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    Some(base.join("oxccl").join("kernels"))
+}
+
+/// The kernels for device `ord` (current context): compiled with NVRTC for its exact
+/// architecture and cached on disk per architecture and source hash; or the embedded PTX when
+/// NVRTC is missing or fails.
+pub fn module(ord: i32) -> Result<&'static Module> {
+    static MODS: OnceLock<Mutex<HashMap<i32, &'static Module>>> = OnceLock::new();
+    let mut m = MODS.get_or_init(Default::default).lock().unwrap();
+    if let Some(md) = m.get(&ord) {
+        return Ok(md);
+    }
+    set_device(ord)?;
+    let major = attribute(ord, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(ord, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let sms = attribute(ord, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+    let arch = format!("sm_{major}{minor}");
+    let src_hash = blake3_like(&kernels::source());
+    let cached = cache_dir().map(|d| d.join(format!("{src_hash:016x}-{arch}.cubin")));
+    let mut image: Option<(Vec<u8>, String)> = None;
+    if let Some(p) = &cached {
+        if let Ok(b) = std::fs::read(p) {
+            image = Some((b, format!("cubin for {arch} from the cache {}", p.display())));
+        }
+    }
+    if image.is_none() && nvrtc::available() {
+        match nvrtc::compile(&arch) {
+            Ok(c) => {
+                if let Some(p) = &cached {
+                    let _ = std::fs::create_dir_all(p.parent().unwrap());
+                    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                    if std::fs::write(&tmp, &c.image).is_ok() {
+                        let _ = std::fs::rename(&tmp, p);
+                    }
+                }
+                image = Some((c.image, format!("cubin for {arch} compiled by NVRTC")));
+            }
+            Err(e) => tracing::warn!("NVRTC failed for {arch}, using the embedded PTX: {e}"),
+        }
+    }
+    let (mut bytes, origin) = image.unwrap_or_else(|| {
+        (kernels::EMBEDDED_PTX.as_bytes().to_vec(), format!("embedded compute_80 PTX, JIT-compiled for {arch}"))
+    });
+    if !origin.starts_with("cubin") {
+        bytes.push(0); // PTX must be NUL-terminated
+    }
+    let mut module: cu::CUmodule = std::ptr::null_mut();
+    // SAFETY: a cubin or NUL-terminated PTX image; the module lives for the process.
+    check(unsafe { cu::cuModuleLoadData(&mut module, bytes.as_ptr().cast()) }, "cuModuleLoadData")?;
+    let mut funcs = HashMap::new();
+    for name in kernels::kernel_names() {
+        let c = std::ffi::CString::new(name.clone()).unwrap();
+        let mut f: cu::CUfunction = std::ptr::null_mut();
+        // SAFETY: a loaded module and a NUL-terminated name.
+        check(unsafe { cu::cuModuleGetFunction(&mut f, module, c.as_ptr()) }, "cuModuleGetFunction")?;
+        funcs.insert(name, f as usize);
+    }
+    tracing::info!("oxccl kernels on device {ord}: {origin}");
+    let md: &'static Module = Box::leak(Box::new(Module { funcs, sms, origin }));
+    m.insert(ord, md);
+    Ok(md)
+}
+
+/// FNV-1a of the source (a cache key; not security relevant).
+fn blake3_like(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+impl Module {
+    /// Launch kernel `name` over `elems` work items (elements, or bytes for the copy kernel)
+    /// with `args` on `stream`.
+    pub fn launch(&self, name: &str, args: &kernels::KernelArgs, elem_size: usize, stream: CUstream) -> Result<()> {
+        let f = *self
+            .funcs
+            .get(name)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, format!("kernel {name} is not in the module")))?;
+        if args.n == 0 {
+            return Ok(());
+        }
+        // one 16-byte vector per thread per iteration; at most 4 blocks per SM, grid-stride beyond
+        let vecs = (args.n as usize * elem_size).div_ceil(16);
+        let blocks = vecs.div_ceil(kernels::BLOCK as usize).clamp(1, 4 * self.sms as usize) as u32;
+        let mut a = *args;
+        let mut params = [(&mut a as *mut kernels::KernelArgs).cast::<libc::c_void>()];
+        // SAFETY: `params` holds one pointer to a KernelArgs laid out as the kernel's `struct
+        // OxArgs` (checked by a test); the pointers inside it are device addresses the caller
+        // vouches for; the driver copies the parameters before returning.
+        check(
+            unsafe {
+                cu::cuLaunchKernel(
+                    f as cu::CUfunction,
+                    blocks,
+                    1,
+                    1,
+                    kernels::BLOCK,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            name,
+        )
+    }
+}
+
+/// A 64-byte legacy IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it.
+pub fn ipc_handle(ptr: u64) -> Result<([u8; 64], u64)> {
+    let mut base: u64 = 0;
+    let mut size: usize = 0;
+    // SAFETY: out-pointers; `ptr` is a device address.
+    check(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }, "cuMemGetAddressRange")?;
+    let mut h = cu::CUipcMemHandle_st { reserved: [0; 64] };
+    // SAFETY: out-pointer and the allocation's base.
+    check(unsafe { cu::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
+    Ok((h.reserved.map(|c| c as u8), ptr - base))
+}
+
+/// Map a peer process's allocation (legacy IPC); closed with [`ipc_close`].
+pub fn ipc_open(handle: &[u8; 64]) -> Result<u64> {
+    let h = cu::CUipcMemHandle_st { reserved: handle.map(|c| c as libc::c_char) };
+    let mut p: u64 = 0;
+    // SAFETY: a handle from a peer; out-pointer.
+    check(
+        unsafe { cu::cuIpcOpenMemHandle_v2(&mut p, h, cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32) },
+        "cuIpcOpenMemHandle",
+    )?;
+    Ok(p)
+}
+
+/// Unmap a mapping made by [`ipc_open`].
+pub fn ipc_close(p: u64) {
+    // SAFETY: a pointer returned by cuIpcOpenMemHandle, closed once.
+    unsafe { cu::cuIpcCloseMemHandle(p) };
+}
+
+/// Enqueue a host function on `stream` (the gate of a device operation).
+///
+/// # Safety
+/// `data` must stay valid until `f` has run, and `f` must not call CUDA.
+pub unsafe fn launch_host_func(stream: CUstream, f: unsafe extern "C" fn(*mut libc::c_void), data: *mut libc::c_void) -> Result<()> {
+    // SAFETY: the caller's contract.
+    check(unsafe { cu::cuLaunchHostFunc(stream, Some(f), data) }, "cuLaunchHostFunc")
+}
+
+/// The driver's version (e.g. 12040), for reports.
+pub fn driver_version() -> Result<i32> {
+    guarded("cuDriverGetVersion", || {
+        let mut v = 0;
+        // SAFETY: out-pointer.
+        check(unsafe { cu::cuDriverGetVersion(&mut v) }, "cuDriverGetVersion")?;
+        Ok(v)
+    })
+}
+
+/// Wait for everything enqueued on a user stream so far (used when host buffers come with a
+/// stream: the host operation then runs after the stream's earlier work, as the caller expects).
+///
+/// # Safety
+/// `stream` is a live stream (or NULL, the legacy default stream).
+pub unsafe fn sync_user_stream(stream: CUstream) -> Result<()> {
+    guarded("cuStreamSynchronize", || {
+        let e = Event::new()?;
+        e.record(stream)?;
+        e.wait()
+    })
+}
