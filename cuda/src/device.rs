@@ -308,6 +308,37 @@ impl DeviceComm {
         })
     }
 
+    /// [`DeviceComm::enqueue`] on oxccl-owned buffers and stream, safe: every window must lie
+    /// inside one of `buffers` (checked). The buffers' and stream's drops wait for the device
+    /// (`cuMemFree` and stream destruction synchronise), so they outlive the operation.
+    pub fn enqueue_on(&self, ops: Vec<(OpDesc, DevMem)>, buffers: &[&driver::DeviceBuffer], stream: &Stream) -> Result<()> {
+        let host = self.host();
+        let inside = |p: u64, len: usize| {
+            len == 0 || buffers.iter().any(|b| p >= b.ptr() && p + len as u64 <= b.ptr() + b.len() as u64)
+        };
+        for (d, m) in &ops {
+            let es = d.dtype.size();
+            let (ni, no) = d.coll.buffer_counts(host.size(), host.rank(), d.count, d.root);
+            let ok = match *m {
+                DevMem::Split { send, send_len, recv, recv_len } => {
+                    inside(send, send_len) && inside(recv, recv_len) && send_len <= ni * es && recv_len <= no * es
+                }
+                DevMem::InPlace { base, len, in_off, out_off } => {
+                    inside(base, len) && in_off + ni * es <= len && out_off + no * es <= len
+                }
+            };
+            if !ok {
+                return Err(Error::invalid_argument(format!(
+                    "{}: a buffer window lies outside the given device buffers or its sizes do not match",
+                    d.coll.name()
+                )));
+            }
+        }
+        // SAFETY: every window lies in a live oxccl allocation of this process (checked above),
+        // which cannot be freed before the device is done with it; `stream` is live.
+        unsafe { self.enqueue(ops, UserStream(stream.raw() as usize)) }
+    }
+
     /// All-reduce of device buffers on `stream` (returns at once).
     ///
     /// # Safety

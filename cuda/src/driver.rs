@@ -291,6 +291,15 @@ pub unsafe fn copy_h2d(dst: u64, src: *const u8, len: usize, stream: CUstream) -
     check(unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream) }, "cuMemcpyHtoDAsync")
 }
 
+/// Copy device → device on `stream` (asynchronous).
+pub fn copy_d2d(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: device addresses the caller owns; the driver checks them.
+    check(unsafe { cu::cuMemcpyDtoDAsync_v2(dst, src, len, stream) }, "cuMemcpyDtoDAsync")
+}
+
 /// The kernels loaded on one device.
 pub struct Module {
     funcs: HashMap<String, usize>,
@@ -474,4 +483,77 @@ pub unsafe fn sync_user_stream(stream: CUstream) -> Result<()> {
         e.record(stream)?;
         e.wait()
     })
+}
+
+/// Device memory owned by oxccl (tests, benchmarks): `cuMemAlloc`, freed on drop.
+pub struct DeviceBuffer {
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    /// `len` bytes (at least 1) on the current context's device, zeroed.
+    pub fn zeroed(len: usize) -> Result<DeviceBuffer> {
+        guarded("cuMemAlloc", || {
+            let mut p: u64 = 0;
+            // SAFETY: out-pointer; then a memset of the new allocation.
+            unsafe {
+                check(cu::cuMemAlloc_v2(&mut p, len.max(1)), "cuMemAlloc")?;
+                check(cu::cuMemsetD8_v2(p, 0, len.max(1)), "cuMemsetD8")?;
+            }
+            Ok(DeviceBuffer { ptr: p, len })
+        })
+    }
+    /// A copy of `data` in device memory.
+    pub fn from_host(data: &[u8]) -> Result<DeviceBuffer> {
+        let b = DeviceBuffer::zeroed(data.len())?;
+        if !data.is_empty() {
+            // SAFETY: the allocation holds data.len() bytes; a synchronous copy.
+            check(unsafe { cu::cuMemcpyHtoD_v2(b.ptr, data.as_ptr().cast(), data.len()) }, "cuMemcpyHtoD")?;
+        }
+        Ok(b)
+    }
+    /// Overwrite its first `data.len()` bytes and zero the rest (synchronous copies on the legacy
+    /// stream, which does not wait for oxccl's or other non-blocking streams).
+    pub fn load(&self, data: &[u8]) -> Result<()> {
+        if data.len() > self.len {
+            return Err(Error::invalid_argument(format!("{} bytes do not fit in {}", data.len(), self.len)));
+        }
+        // SAFETY: within the allocation; synchronous.
+        unsafe {
+            check(cu::cuMemsetD8_v2(self.ptr, 0, self.len.max(1)), "cuMemsetD8")?;
+            if !data.is_empty() {
+                check(cu::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()), "cuMemcpyHtoD")?;
+            }
+        }
+        Ok(())
+    }
+    /// Its contents.
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.len];
+        if self.len > 0 {
+            // SAFETY: both sides hold len bytes; a synchronous copy.
+            check(unsafe { cu::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), self.ptr, self.len) }, "cuMemcpyDtoH")?;
+        }
+        Ok(v)
+    }
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc, freed once.
+        unsafe { cu::cuMemFree_v2(self.ptr) };
+    }
 }

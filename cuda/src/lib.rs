@@ -18,6 +18,7 @@
 //!
 //! `unsafe` is confined to this leaf crate's FFI calls, each with a `// SAFETY:` comment.
 
+pub mod bench;
 pub mod kernels;
 pub mod nvrtc;
 pub mod device;

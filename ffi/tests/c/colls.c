@@ -3,6 +3,26 @@
  * is exact in every type and in any reduction order). */
 #include "common.h"
 
+/* Built with -DOXCCL_DEVICE (and -lcuda) by cuda/gpu-check.sh: the same checks on device
+ * buffers, enqueued on a CUDA stream and observed by synchronising it. */
+#ifdef OXCCL_DEVICE
+#include <cuda.h>
+static CUstream g_stream;
+#define CU(x) do { CUresult e_ = (x); EXPECT(e_ == CUDA_SUCCESS, "%s: CUDA error %d", #x, (int)e_); } while (0)
+static void dev_init(void) {
+  CUdevice d;
+  CUcontext c;
+  CU(cuInit(0));
+  CU(cuDeviceGet(&d, 0));
+  CU(cuDevicePrimaryCtxRetain(&c, d));
+  CU(cuCtxSetCurrent(c));
+  CU(cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING));
+}
+#define STREAM ((cudaStream_t)g_stream)
+#else
+#define STREAM NULL
+#endif
+
 enum { C_ALLREDUCE, C_REDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_ALLTOALL, C_GATHER, C_SCATTER };
 static const char* kColl[] = {"allreduce", "reduce", "reducescatter", "allgather", "broadcast", "alltoall", "gather", "scatter"};
 #define PREMUL 99
@@ -85,19 +105,45 @@ static void run_one(ncclComm_t comm, int coll, int t, int op, size_t c, int root
     CHECK(ncclRedOpCreatePreMulSum(&rop, two, (ncclDataType_t)t, ncclScalarHostImmediate, comm));
   }
   ncclDataType_t dt = (ncclDataType_t)t;
+#ifdef OXCCL_DEVICE
+  char* host_a = a;
+  char* host_b = b;
+  /* mirror both allocations on the device; pointers keep their offsets */
+  CUdeviceptr da, db;
+  CU(cuMemAlloc(&da, total * es));
+  CU(cuMemAlloc(&db, total * es));
+  CU(cuMemcpyHtoD(da, a, total * es));
+  CU(cuMemcpyHtoD(db, b, total * es));
+  int recv_in_a = recvp >= host_a && recvp < host_a + total * es;
+  size_t recv_off = (size_t)(recv_in_a ? recvp - host_a : recvp - host_b);
+  sendp = (char*)da + (sendp - host_a);
+  recvp = (recv_in_a ? (char*)da : (char*)db) + recv_off;
+  a = (char*)da;
+  b = (char*)db;
+#endif
   switch (coll) {
-    case C_ALLREDUCE: CHECK(ncclAllReduce(sendp, recvp, c, dt, rop, comm, NULL)); break;
-    case C_REDUCE: CHECK(ncclReduce(sendp, r == root ? recvp : NULL, c, dt, rop, root, comm, NULL)); break;
-    case C_REDUCESCATTER: CHECK(ncclReduceScatter(sendp, recvp, c, dt, rop, comm, NULL)); break;
-    case C_ALLGATHER: CHECK(ncclAllGather(sendp, recvp, c, dt, comm, NULL)); break;
+    case C_ALLREDUCE: CHECK(ncclAllReduce(sendp, recvp, c, dt, rop, comm, STREAM)); break;
+    case C_REDUCE: CHECK(ncclReduce(sendp, r == root ? recvp : NULL, c, dt, rop, root, comm, STREAM)); break;
+    case C_REDUCESCATTER: CHECK(ncclReduceScatter(sendp, recvp, c, dt, rop, comm, STREAM)); break;
+    case C_ALLGATHER: CHECK(ncclAllGather(sendp, recvp, c, dt, comm, STREAM)); break;
     case C_BROADCAST:
-      if (inplace) CHECK(ncclBcast(sendp, c, dt, root, comm, NULL));
-      else CHECK(ncclBroadcast(sendp, recvp, c, dt, root, comm, NULL));
+      if (inplace) CHECK(ncclBcast(sendp, c, dt, root, comm, STREAM));
+      else CHECK(ncclBroadcast(sendp, recvp, c, dt, root, comm, STREAM));
       break;
-    case C_ALLTOALL: CHECK(ncclAlltoAll(sendp, recvp, c, dt, comm, NULL)); break;
-    case C_GATHER: CHECK(ncclGather(sendp, recvp, c, dt, root, comm, NULL)); break;
-    case C_SCATTER: CHECK(ncclScatter(sendp, recvp, c, dt, root, comm, NULL)); break;
+    case C_ALLTOALL: CHECK(ncclAlltoAll(sendp, recvp, c, dt, comm, STREAM)); break;
+    case C_GATHER: CHECK(ncclGather(sendp, recvp, c, dt, root, comm, STREAM)); break;
+    case C_SCATTER: CHECK(ncclScatter(sendp, recvp, c, dt, root, comm, STREAM)); break;
   }
+#ifdef OXCCL_DEVICE
+  CU(cuStreamSynchronize(g_stream));
+  CU(cuMemcpyDtoH(host_a, da, total * es));
+  CU(cuMemcpyDtoH(host_b, db, total * es));
+  CU(cuMemFree(da));
+  CU(cuMemFree(db));
+  recvp = (recv_in_a ? host_a : host_b) + recv_off;
+  a = host_a;
+  b = host_b;
+#endif
   if (op == PREMUL) CHECK(ncclRedOpDestroy(rop, comm));
   int has_output = !((coll == C_REDUCE || coll == C_GATHER) && r != root);
   if (has_output) {
@@ -121,6 +167,9 @@ static void run_one(ncclComm_t comm, int coll, int t, int op, size_t c, int root
 
 static void body(int rank, int nranks, ncclUniqueId id) {
   ncclComm_t comm;
+#ifdef OXCCL_DEVICE
+  dev_init(); /* after the fork: every rank is a process of its own (CUDA IPC between them) */
+#endif
   CHECK(ncclCommInitRank(&comm, nranks, id, rank));
   const size_t counts[] = {1, 7, 1001};
   const int ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg, PREMUL};
@@ -145,7 +194,11 @@ static void body(int rank, int nranks, ncclUniqueId id) {
     }
   }
   CHECK(ncclCommDestroy(comm));
+#ifdef OXCCL_DEVICE
+  if (rank == 0) printf("colls (device buffers): %d checks per rank passed on %d ranks\n", checks, nranks);
+#else
   if (rank == 0) printf("colls: %d checks per rank passed on %d ranks\n", checks, nranks);
+#endif
 }
 
 int main(int argc, char** argv) {
