@@ -405,7 +405,8 @@ fn bench_any(
             ops = vec![(desc, DevMem::InPlace { base: d.a.ptr(), len: len * es, in_off: io * es, out_off: oo * es })];
         } else {
             out_at = 0;
-            ops = vec![(desc, DevMem::Split { send: d.a.ptr(), send_len: ni * es, recv: d.b.ptr(), recv_len: no * es })];
+            ops =
+                vec![(desc, DevMem::Split { send: d.a.ptr(), send_len: ni * es, recv: d.b.ptr(), recv_len: no * es })];
         }
     }
     let in_at = match ops[0].1 {

@@ -31,13 +31,16 @@ pub fn kernel_bandwidth(ord: i32, dtype: DataType, bytes: usize, iters: usize) -
         s.sync()?;
         Ok(t.elapsed().as_secs_f64() / iters as f64)
     };
-    let t_copy = time(&|| driver::copy_d2d(c.ptr(), a.ptr(), bytes, s.raw()))?;
-    let mut args = KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 2, nout: 1, post: 0, pad: 0 };
+    // SAFETY: three allocations of `bytes` on this device, and our own stream.
+    let t_copy = time(&|| unsafe { driver::copy_d2d(c.ptr(), a.ptr(), bytes, s.raw()) })?;
+    let mut args =
+        KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 2, nout: 1, post: 0, pad: 0 };
     args.inputs[0] = a.ptr();
     args.inputs[1] = b.ptr();
     args.outputs[0] = c.ptr();
     args.n = (bytes / dtype.size()) as u64;
     let name = kernels::reduce_kernel_name(dtype, ReduceOp::Sum);
-    let t_red = time(&|| md.launch(&name, &args, dtype.size(), s.raw()))?;
+    // SAFETY: as above; n elements fit each buffer.
+    let t_red = time(&|| unsafe { md.launch(&name, &args, dtype.size(), s.raw()) })?;
     Ok(KernelBw { memcpy: 2.0 * bytes as f64 / t_copy / 1e9, reduce: 3.0 * bytes as f64 / t_red / 1e9 })
 }

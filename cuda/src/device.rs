@@ -271,7 +271,8 @@ impl DeviceComm {
         let stream = stream.0 as driver::CUstream;
         driver::guarded("enqueue", || {
             driver::set_device(self.inner.device)?;
-            if driver::is_capturing(stream)? {
+            // SAFETY: the caller's contract: a live stream.
+            if unsafe { driver::is_capturing(stream)? } {
                 return Err(Error::invalid_usage(
                     "the stream is being captured into a CUDA graph: oxccl does not support graph capture of \
                      collectives yet (call it outside the capture)",
@@ -292,7 +293,8 @@ impl DeviceComm {
                 }
             }
             let ready = Event::new()?;
-            ready.record(stream)?;
+            // SAFETY: as above.
+            unsafe { ready.record(stream)? };
             let limit = self.host().config().timeout + Duration::from_secs(5);
             let gate = Arc::new(Gate { open: Mutex::new(false), cv: Condvar::new(), limit });
             let raw = Arc::into_raw(gate.clone()) as *mut libc::c_void;
@@ -311,7 +313,12 @@ impl DeviceComm {
     /// [`DeviceComm::enqueue`] on oxccl-owned buffers and stream, safe: every window must lie
     /// inside one of `buffers` (checked). The buffers' and stream's drops wait for the device
     /// (`cuMemFree` and stream destruction synchronise), so they outlive the operation.
-    pub fn enqueue_on(&self, ops: Vec<(OpDesc, DevMem)>, buffers: &[&driver::DeviceBuffer], stream: &Stream) -> Result<()> {
+    pub fn enqueue_on(
+        &self,
+        ops: Vec<(OpDesc, DevMem)>,
+        buffers: &[&driver::DeviceBuffer],
+        stream: &Stream,
+    ) -> Result<()> {
         let host = self.host();
         let inside = |p: u64, len: usize| {
             len == 0 || buffers.iter().any(|b| p >= b.ptr() && p + len as u64 <= b.ptr() + b.len() as u64)
@@ -378,8 +385,9 @@ impl DeviceComm {
         }
         let es = std::mem::size_of::<T>();
         let mem = if send.ptr == recv.ptr && send.ptr != 0 {
-            let (io, oo, len) = oxccl::schedule::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
-                .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", desc.coll.name())))?;
+            let (io, oo, len) =
+                oxccl::schedule::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
+                    .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", desc.coll.name())))?;
             DevMem::InPlace { base: send.ptr, len: len * es, in_off: io * es, out_off: oo * es }
         } else {
             DevMem::Split { send: send.ptr, send_len: send.bytes().min(ni * es), recv: recv.ptr, recv_len: no * es }
@@ -435,9 +443,12 @@ fn worker_main(inner: Arc<Inner>) {
         let r = if already_failed {
             Ok(())
         } else {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&inner, &mut w, &job))).unwrap_or_else(|_| {
-                Err(Error::new(ErrorKind::Internal, "the device worker panicked").with_rank(inner.host.comm().rank()))
-            })
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&inner, &mut w, &job))).unwrap_or_else(
+                |_| {
+                    Err(Error::new(ErrorKind::Internal, "the device worker panicked")
+                        .with_rank(inner.host.comm().rank()))
+                },
+            )
         };
         if let Err(e) = r {
             tracing::error!("oxccl device operation failed: {e}");
@@ -483,6 +494,7 @@ const REC: usize = 4 + 4 + 4 + 4 + 64 + 8 + 64 + 8 + 8 + 8;
 
 /// The IPC one-shot path. `None`: the ranks agreed to stage instead (some rank could not export
 /// or map a buffer); `Some(Err)`: the operation failed.
+#[allow(clippy::needless_range_loop)] // parallel arrays indexed by rank
 fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Result<()>> {
     let comm = inner.host.comm();
     let (n, r) = (comm.size(), comm.rank());
@@ -581,13 +593,15 @@ fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Resu
 
 /// This rank's share of a one-shot collective: one kernel on the worker's stream, then a
 /// sleeping wait for it.
+#[allow(clippy::needless_range_loop)] // parallel arrays indexed by rank
 fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> Result<()> {
     let comm = inner.host.comm();
     let (n, r) = (comm.size(), comm.rank());
     let es = d.dtype.size() as u64;
     let count = d.count as u64;
     let md = driver::module(inner.device)?;
-    let mut a = KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 0, nout: 0, post: 0, pad: 0 };
+    let mut a =
+        KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 0, nout: 0, post: 0, pad: 0 };
     if let ReduceOp::PreMulSum(b) = d.op {
         a.scalar = u64::from_le_bytes(b);
     }
@@ -655,7 +669,9 @@ fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> 
         _ => return Err(Error::new(ErrorKind::Internal, "not a one-shot collective")),
     };
     if a.n > 0 {
-        md.launch(name, &a, elem, w.stream.raw())?;
+        // SAFETY: the addresses are the ranks' windows (checked sizes), mapped in this process;
+        // our own stream.
+        unsafe { md.launch(name, &a, elem, w.stream.raw())? };
     }
     w.stream.sync()
 }

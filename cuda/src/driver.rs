@@ -39,8 +39,8 @@ pub fn probe() -> Result<()> {
             return Err("the CUDA driver (libcuda.so.1) is not installed on this machine".into());
         }
         let r = std::panic::catch_unwind(|| {
-            // SAFETY: cuInit has no pointer arguments; cuDeviceGetCount writes one int.
             let mut n = 0;
+            // SAFETY: cuInit has no pointer arguments; cuDeviceGetCount writes one int.
             unsafe {
                 check(cu::cuInit(0), "cuInit")?;
                 check(cu::cuDeviceGetCount(&mut n), "cuDeviceGetCount")?;
@@ -148,7 +148,10 @@ pub fn attribute(ord: i32, a: cu::CUdevice_attribute) -> Result<i32> {
 }
 
 /// Whether `stream` is being captured into a CUDA graph.
-pub fn is_capturing(stream: CUstream) -> Result<bool> {
+///
+/// # Safety
+/// `stream` is a live stream or NULL.
+pub unsafe fn is_capturing(stream: CUstream) -> Result<bool> {
     let mut st = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: a stream handle from the caller (NULL is the legacy default stream) and an out-pointer.
     check(unsafe { cu::cuStreamIsCapturing(stream, &mut st) }, "cuStreamIsCapturing")?;
@@ -166,13 +169,17 @@ impl Event {
     /// A blocking-sync event without timing.
     pub fn new() -> Result<Event> {
         let mut e: cu::CUevent = std::ptr::null_mut();
-        let flags = cu::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32 | cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let flags =
+            cu::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32 | cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: out-pointer; flags are valid.
         check(unsafe { cu::cuEventCreate(&mut e, flags) }, "cuEventCreate")?;
         Ok(Event(e))
     }
     /// Record on `stream`.
-    pub fn record(&self, stream: CUstream) -> Result<()> {
+    ///
+    /// # Safety
+    /// `stream` is a live stream or NULL.
+    pub unsafe fn record(&self, stream: CUstream) -> Result<()> {
         // SAFETY: a live event and the caller's stream.
         check(unsafe { cu::cuEventRecord(self.0, stream) }, "cuEventRecord")
     }
@@ -202,8 +209,8 @@ impl Stream {
     /// A new non-blocking stream on the current context.
     pub fn new() -> Result<Stream> {
         let mut s: CUstream = std::ptr::null_mut();
-        // SAFETY: out-pointer, valid flag.
         check(
+            // SAFETY: out-pointer, valid flag.
             unsafe { cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
             "cuStreamCreate",
         )?;
@@ -216,7 +223,8 @@ impl Stream {
     /// Wait for everything enqueued so far, sleeping on a blocking-sync event.
     pub fn sync(&self) -> Result<()> {
         let e = Event::new()?;
-        e.record(self.0)?;
+        // SAFETY: our own live stream.
+        unsafe { e.record(self.0)? };
         e.wait()
     }
 }
@@ -292,7 +300,10 @@ pub unsafe fn copy_h2d(dst: u64, src: *const u8, len: usize, stream: CUstream) -
 }
 
 /// Copy device → device on `stream` (asynchronous).
-pub fn copy_d2d(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<()> {
+///
+/// # Safety
+/// Both ranges are device memory of the stream's context; `stream` is live.
+pub unsafe fn copy_d2d(dst: u64, src: u64, len: usize, stream: CUstream) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
@@ -386,7 +397,16 @@ fn blake3_like(s: &str) -> u64 {
 impl Module {
     /// Launch kernel `name` over `elems` work items (elements, or bytes for the copy kernel)
     /// with `args` on `stream`.
-    pub fn launch(&self, name: &str, args: &kernels::KernelArgs, elem_size: usize, stream: CUstream) -> Result<()> {
+    ///
+    /// # Safety
+    /// `args` holds device addresses valid for its element counts; `stream` is live.
+    pub unsafe fn launch(
+        &self,
+        name: &str,
+        args: &kernels::KernelArgs,
+        elem_size: usize,
+        stream: CUstream,
+    ) -> Result<()> {
         let f = *self
             .funcs
             .get(name)
@@ -439,8 +459,8 @@ pub fn ipc_handle(ptr: u64) -> Result<([u8; 64], u64)> {
 pub fn ipc_open(handle: &[u8; 64]) -> Result<u64> {
     let h = cu::CUipcMemHandle_st { reserved: handle.map(|c| c as libc::c_char) };
     let mut p: u64 = 0;
-    // SAFETY: a handle from a peer; out-pointer.
     check(
+        // SAFETY: a handle from a peer; out-pointer.
         unsafe { cu::cuIpcOpenMemHandle_v2(&mut p, h, cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32) },
         "cuIpcOpenMemHandle",
     )?;
@@ -457,7 +477,11 @@ pub fn ipc_close(p: u64) {
 ///
 /// # Safety
 /// `data` must stay valid until `f` has run, and `f` must not call CUDA.
-pub unsafe fn launch_host_func(stream: CUstream, f: unsafe extern "C" fn(*mut libc::c_void), data: *mut libc::c_void) -> Result<()> {
+pub unsafe fn launch_host_func(
+    stream: CUstream,
+    f: unsafe extern "C" fn(*mut libc::c_void),
+    data: *mut libc::c_void,
+) -> Result<()> {
     // SAFETY: the caller's contract.
     check(unsafe { cu::cuLaunchHostFunc(stream, Some(f), data) }, "cuLaunchHostFunc")
 }
@@ -480,7 +504,8 @@ pub fn driver_version() -> Result<i32> {
 pub unsafe fn sync_user_stream(stream: CUstream) -> Result<()> {
     guarded("cuStreamSynchronize", || {
         let e = Event::new()?;
-        e.record(stream)?;
+        // SAFETY: the caller's contract.
+        unsafe { e.record(stream)? };
         e.wait()
     })
 }

@@ -463,7 +463,18 @@ int main(void) {
         }
     }
 
-    fn run(exe: &std::path::Path, name: &str, n: usize, scalar: u64, inputs: &[Vec<u8>], nout: u32, post: u32, size: usize, off: usize) -> Vec<Vec<u8>> {
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        exe: &std::path::Path,
+        name: &str,
+        n: usize,
+        scalar: u64,
+        inputs: &[Vec<u8>],
+        nout: u32,
+        post: u32,
+        size: usize,
+        off: usize,
+    ) -> Vec<Vec<u8>> {
         let mut child = Command::new(exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         {
             let mut w = child.stdin.take().unwrap();

@@ -19,10 +19,10 @@
 //! `unsafe` is confined to this leaf crate's FFI calls, each with a `// SAFETY:` comment.
 
 pub mod bench;
-pub mod kernels;
-pub mod nvrtc;
 pub mod device;
 pub mod driver;
+pub mod kernels;
+pub mod nvrtc;
 
 pub use device::{DevMem, DeviceComm, DeviceSlice, HostComm, UserStream};
 pub use driver::{classify, probe, Memory};

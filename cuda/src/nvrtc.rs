@@ -85,8 +85,8 @@ pub fn compile(arch: &str) -> Result<Compiled> {
     let opts: Vec<CString> = kernels::nvrtc_options(arch).into_iter().map(|o| CString::new(o).unwrap()).collect();
     let opt_ptrs: Vec<*const libc::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: n::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: NUL-terminated source and name, no headers; `prog` receives the program.
     check(
+        // SAFETY: NUL-terminated source and name, no headers; `prog` receives the program.
         unsafe { n::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) },
         "nvrtcCreateProgram",
     )?;
@@ -108,7 +108,10 @@ pub fn compile(arch: &str) -> Result<Compiled> {
     check(unsafe { n::nvrtcGetProgramLog(prog.0, log.as_mut_ptr().cast()) }, "nvrtcGetProgramLog")?;
     let log = CStr::from_bytes_until_nul(&log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
     if r != n::nvrtcResult::NVRTC_SUCCESS {
-        return Err(Error::new(ErrorKind::Internal, format!("NVRTC could not compile the kernels for {arch} ({r:?}):\n{log}")));
+        return Err(Error::new(
+            ErrorKind::Internal,
+            format!("NVRTC could not compile the kernels for {arch} ({r:?}):\n{log}"),
+        ));
     }
     let cubin = arch.starts_with("sm_");
     let mut size = 0usize;

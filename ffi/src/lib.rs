@@ -344,7 +344,10 @@ impl Entry {
         if let Some(d) = &*dev {
             return Ok(d.clone());
         }
-        let comm = self.comm.get().ok_or_else(|| Error::new(ErrorKind::InProgress, "the communicator is still initializing"))?;
+        let comm = self
+            .comm
+            .get()
+            .ok_or_else(|| Error::new(ErrorKind::InProgress, "the communicator is still initializing"))?;
         let d = Arc::new(oxccl_cuda::DeviceComm::new(Arc::new(comm.clone()), ordinal)?);
         *dev = Some(d.clone());
         Ok(d)
@@ -712,12 +715,12 @@ fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
         (Memory::Device(x), Memory::Device(y), _, _) if x != y => Err(arg(format!(
             "{name}: sendbuff is on GPU {x} and recvbuff on GPU {y}; both must be on the communicator's GPU"
         ))),
-        (Memory::Device(x), _, _, false) | (_, Memory::Device(x), false, _) | (Memory::Device(x), Memory::Device(_), _, _) => {
-            Ok(Some(x))
+        (Memory::Device(x), _, _, false)
+        | (_, Memory::Device(x), false, _)
+        | (Memory::Device(x), Memory::Device(_), _, _) => Ok(Some(x)),
+        (Memory::Device(_), Memory::Host, _, true) | (Memory::Host, Memory::Device(_), true, _) => {
+            Err(arg(format!("{name}: one buffer is device memory and the other host memory; both must be of one kind")))
         }
-        (Memory::Device(_), Memory::Host, _, true) | (Memory::Host, Memory::Device(_), true, _) => Err(arg(format!(
-            "{name}: one buffer is device memory and the other host memory; both must be of one kind"
-        ))),
         _ => {
             if cu_pointer_get_attribute().is_none() {
                 check_mapped(a, alen, "sendbuff", name)?;
@@ -840,7 +843,8 @@ fn group_end() -> R {
         p.entry.wait_requests();
     }
     // device operations: one job per communicator and stream, enqueued together
-    let mut jobs: Vec<(Arc<Entry>, i32, usize, Vec<(OpDesc, oxccl_cuda::DevMem)>)> = Vec::new();
+    type DeviceJob = (Arc<Entry>, i32, usize, Vec<(OpDesc, oxccl_cuda::DevMem)>);
+    let mut jobs: Vec<DeviceJob> = Vec::new();
     for p in ops.iter().filter(|p| p.device.is_some()) {
         let (ordinal, stream) = p.device.unwrap();
         match jobs.iter_mut().find(|j| Arc::ptr_eq(&j.0, &p.entry) && j.2 == stream) {

@@ -89,8 +89,7 @@ fn run(args: &[String]) -> Result<(), String> {
             let mut current = String::new();
             for line in log.lines() {
                 if let Some(i) = line.find("Compiling entry function '") {
-                    current = line[i + 26..].trim_end_matches(|c| c == '\'' || c == '\n').trim_end_matches("' for '").to_string();
-                    current = current.split('\'').next().unwrap_or("").to_string();
+                    current = line[i + 26..].split('\'').next().unwrap_or("").to_string();
                 }
                 if line.contains("bytes spill stores") || line.contains("bytes spill loads") {
                     let nonzero = line
@@ -108,7 +107,10 @@ fn run(args: &[String]) -> Result<(), String> {
             }
             let entries = log.matches("Compiling entry function").count();
             if entries != kernels::kernel_names().len() {
-                return Err(format!("ptxas compiled {entries} entry functions, expected {}", kernels::kernel_names().len()));
+                return Err(format!(
+                    "ptxas compiled {entries} entry functions, expected {}",
+                    kernels::kernel_names().len()
+                ));
             }
             if !spills.is_empty() {
                 return Err(format!("register spills for {arch}:\n{}", spills.join("\n")));

@@ -163,10 +163,14 @@ class group:
 
 
 class Comm:
-    """A communicator. Buffers are raw host addresses (``int``) and element counts."""
+    """A communicator. Buffers are raw addresses (``int``: host memory, or device memory when
+    ``stream`` is set to a CUDA stream handle) and element counts."""
 
     def __init__(self, handle):
         self.handle = ctypes.c_void_p(handle)
+        #: The ``cudaStream_t`` (an ``int``) operations are enqueued on; ``None``: host buffers,
+        #: completed before the call returns.
+        self.stream = None
 
     @classmethod
     def init_rank(cls, nranks, unique_id, rank):
@@ -206,34 +210,34 @@ class Comm:
         return Comm(h.value) if h.value else None
 
     def all_reduce(self, send, recv, count, dtype, op):
-        _check(lib().ncclAllReduce(send, recv, count, dtype, op, self._h(), None), "ncclAllReduce")
+        _check(lib().ncclAllReduce(send, recv, count, dtype, op, self._h(), self.stream), "ncclAllReduce")
 
     def broadcast(self, send, recv, count, dtype, root):
-        _check(lib().ncclBroadcast(send, recv, count, dtype, root, self._h(), None), "ncclBroadcast")
+        _check(lib().ncclBroadcast(send, recv, count, dtype, root, self._h(), self.stream), "ncclBroadcast")
 
     def reduce(self, send, recv, count, dtype, op, root):
-        _check(lib().ncclReduce(send, recv, count, dtype, op, root, self._h(), None), "ncclReduce")
+        _check(lib().ncclReduce(send, recv, count, dtype, op, root, self._h(), self.stream), "ncclReduce")
 
     def all_gather(self, send, recv, count, dtype):
-        _check(lib().ncclAllGather(send, recv, count, dtype, self._h(), None), "ncclAllGather")
+        _check(lib().ncclAllGather(send, recv, count, dtype, self._h(), self.stream), "ncclAllGather")
 
     def reduce_scatter(self, send, recv, count, dtype, op):
-        _check(lib().ncclReduceScatter(send, recv, count, dtype, op, self._h(), None), "ncclReduceScatter")
+        _check(lib().ncclReduceScatter(send, recv, count, dtype, op, self._h(), self.stream), "ncclReduceScatter")
 
     def all_to_all(self, send, recv, count, dtype):
-        _check(lib().ncclAlltoAll(send, recv, count, dtype, self._h(), None), "ncclAlltoAll")
+        _check(lib().ncclAlltoAll(send, recv, count, dtype, self._h(), self.stream), "ncclAlltoAll")
 
     def gather(self, send, recv, count, dtype, root):
-        _check(lib().ncclGather(send, recv, count, dtype, root, self._h(), None), "ncclGather")
+        _check(lib().ncclGather(send, recv, count, dtype, root, self._h(), self.stream), "ncclGather")
 
     def scatter(self, send, recv, count, dtype, root):
-        _check(lib().ncclScatter(send, recv, count, dtype, root, self._h(), None), "ncclScatter")
+        _check(lib().ncclScatter(send, recv, count, dtype, root, self._h(), self.stream), "ncclScatter")
 
     def send(self, buf, count, dtype, peer):
-        _check(lib().ncclSend(buf, count, dtype, peer, self._h(), None), "ncclSend")
+        _check(lib().ncclSend(buf, count, dtype, peer, self._h(), self.stream), "ncclSend")
 
     def recv(self, buf, count, dtype, peer):
-        _check(lib().ncclRecv(buf, count, dtype, peer, self._h(), None), "ncclRecv")
+        _check(lib().ncclRecv(buf, count, dtype, peer, self._h(), self.stream), "ncclRecv")
 
     def create_pre_mul_sum(self, scalar_addr, dtype):
         """ncclRedOpCreatePreMulSum with a host scalar read now; returns the op."""

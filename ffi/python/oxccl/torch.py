@@ -1,4 +1,4 @@
-"""The ``"oxccl"`` backend of ``torch.distributed`` (CPU tensors), in pure Python.
+"""The ``"oxccl"`` backend of ``torch.distributed`` (CPU and CUDA tensors), in pure Python.
 
 ``import oxccl.torch`` registers it; then ``dist.init_process_group("oxccl", ...)`` (or a
 ``"cpu:oxccl"`` device map) uses it. Like NCCL's process group, it bootstraps its communicator
@@ -9,6 +9,9 @@ once with a Work whose ``wait()`` and ``get_future()`` complete when the data ha
 calls release the GIL, so DDP's backward pass overlaps with communication. The group's timeout
 bounds every wait (it becomes the communicator's ``OXCCL_TIMEOUT``), and an expired or failed
 operation raises from ``wait()`` with oxccl's message naming the rank and the operation.
+
+CUDA tensors go through the same C ABI with the tensor's current stream: the call enqueues and
+returns (NCCL's semantics), later work on that stream is ordered after the collective.
 
 No per-version compilation: the backend subclasses torch's Python ``Backend`` trampoline (the
 mechanism torch's own pure-Python ``nccl4py`` backend uses).
@@ -96,12 +99,24 @@ class _Work(dist._Work):
 
 
 def _check(t):
-    if t.device.type != "cpu":
-        raise ValueError(f"oxccl backend: expected a CPU tensor, got {t.device} (the CUDA path is not implemented yet)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"oxccl backend: expected a CPU or CUDA tensor, got {t.device}")
     if not t.is_contiguous():
         raise ValueError("oxccl backend: expected a contiguous tensor")
     if t.dtype not in _DTYPES:
         raise ValueError(f"oxccl backend: unsupported dtype {t.dtype}")
+
+
+def _cuda_tensor(result):
+    """The first CUDA tensor of a result (a tensor or nested lists of them), or None."""
+    if isinstance(result, torch.Tensor):
+        return result if result.is_cuda else None
+    if isinstance(result, (list, tuple)):
+        for r in result:
+            t = _cuda_tensor(r)
+            if t is not None:
+                return t
+    return None
 
 
 def _dt(t):
@@ -109,7 +124,7 @@ def _dt(t):
 
 
 class OxcclBackend(_C10DBackend):
-    """torch.distributed backend over oxccl's C ABI, for CPU tensors."""
+    """torch.distributed backend over oxccl's C ABI, for CPU and CUDA tensors."""
 
     _UID_KEY = "oxccl_uid"
 
@@ -143,14 +158,33 @@ class OxcclBackend(_C10DBackend):
                 work._finish(None)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 work._finish(e if isinstance(e, Exception) else RuntimeError(str(e)))
+            finally:
+                self._queue.task_done()
 
     def _submit(self, fn, result):
         if self._comm is None:
             raise RuntimeError("oxccl backend: the process group was shut down")
         work = _Work(result, self._timeout)
+        cuda = _cuda_tensor(result)
+        if cuda is not None and self._coalesced is None:
+            # CUDA tensors: enqueued on the tensor's current stream through the C ABI, in the
+            # calling thread, as ProcessGroupNCCL does (the call returns at once; later work on
+            # the stream is ordered after the collective). Earlier CPU jobs go first so every
+            # rank issues its collectives in one order.
+            self._queue.join()
+            self._comm.stream = torch.cuda.current_stream(cuda.device).cuda_stream
+            try:
+                fn()
+                work._finish(None)
+            except Exception as e:  # noqa: BLE001 - handed to the waiter
+                work._finish(e)
+            finally:
+                self._comm.stream = None
+            return work
         if self._coalesced is not None:
             # recorded; runs in one ncclGroupStart/End at end_coalescing
             self._coalesced.append(fn)
+            self._coalesced_tensors.append(result)
             work._finish(None)
             return work
         self._queue.put((fn, work))
@@ -162,16 +196,18 @@ class OxcclBackend(_C10DBackend):
 
     def start_coalescing(self):
         self._coalesced = []
+        self._coalesced_tensors = []
 
     def end_coalescing(self):
         fns, self._coalesced = self._coalesced or [], None
+        tensors, self._coalesced_tensors = getattr(self, "_coalesced_tensors", []), []
 
         def run():
             with _ox.group():
                 for fn in fns:
                     fn()
 
-        return self._submit(run, [])
+        return self._submit(run, tensors)
 
     def _op(self, reduce_op, t):
         """(op code, cleanup) for a ReduceOp."""
@@ -422,7 +458,7 @@ def _create(store, rank, size, timeout):
 def register():
     """Register the ``"oxccl"`` backend for CPU tensors (done on import)."""
     if "oxccl" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("oxccl", _create, devices=["cpu"])
+        dist.Backend.register_backend("oxccl", _create, devices=["cpu", "cuda"])
 
 
 register()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# gpu-check.sh - oxccl's device checks, in one run on a GPU machine (H200 lent by the device tool:
+# CUDA driver, nvcc and PyTorch, no Rust, no network). Prepare the bundle first, where Rust is:
+#     cuda/gpu-bundle.sh            # -> target/gpu-bundle (carried with the call)
+# then, on the GPU machine, from the repository root:
+#     cuda/gpu-check.sh [BUNDLE]    # default target/gpu-bundle
+# It runs the device tests (every collective, type and op on 1, 2 and 4 ranks sharing GPU 0, bit
+# for bit), the C ABI collective tests on device buffers (forked ranks: real CUDA IPC between
+# processes), oxccl-perf on device buffers with 2 and 4 ranks (with device memcpy and
+# reduce-kernel bandwidth measured in the same run), and a PyTorch DDP step on CUDA tensors over
+# the oxccl backend and over ProcessGroupNCCL with oxccl's libnccl.so.2 in LD_PRELOAD. Each step
+# is time-boxed; a summary table comes last. Designed to finish in under 6 minutes.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+B="$(cd "${1:-$ROOT/target/gpu-bundle}" && pwd)"
+OUT="${OUT:-/tmp/oxccl-gpu-check}"
+mkdir -p "$OUT"
+export NCCL_SOCKET_IFNAME=lo OXCCL_TIMEOUT=60 XDG_CACHE_HOME="$OUT/cache"
+NAMES=()
+RESULTS=()
+step() { # step NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  echo; echo "=== $name"
+  local t0=$SECONDS
+  timeout --kill-after=5 "$secs" "$@" 2>&1 | tee "$OUT/step${#NAMES[@]}.log"
+  local rc=${PIPESTATUS[0]}
+  NAMES+=("$name"); RESULTS+=("$( [ "$rc" = 0 ] && echo PASS || echo "FAIL(rc=$rc)" ) $((SECONDS - t0))s")
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}"
+# NVRTC: the toolkit's, else PyTorch's wheel; without either the embedded PTX is used
+for d in "$CUDA_HOME/lib64" $(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.dirname(nvidia.cuda_nvrtc.__file__) + "/lib")' 2>/dev/null); do
+  [ -e "$d/libnvrtc.so" ] || ls "$d"/libnvrtc.so.* >/dev/null 2>&1 && { export OXCCL_NVRTC_DIR="$d"; break; }
+done
+echo "CUDA_HOME=$CUDA_HOME OXCCL_NVRTC_DIR=${OXCCL_NVRTC_DIR:-none}"
+
+step "device tests: 1, 2, 4 ranks on one GPU, every collective/type/op" 150 \
+  env OXCCL_REQUIRE_GPU=1 OXCCL_DEVICE_TEST_RANKS=1,2,4 "$B/device-test" --nocapture --test-threads 1
+
+step "C ABI on device buffers: build" 60 \
+  cc -std=c11 -O2 -DOXCCL_DEVICE -I"$ROOT/ffi/include" -I"$CUDA_HOME/include" "$ROOT/ffi/tests/c/colls.c" \
+  -o "$OUT/colls_dev" -L"$B" -l:libnccl.so.2 -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcuda -lm \
+  -Wl,-rpath,"$B"
+step "C ABI on device buffers: 2 processes (CUDA IPC)" 60 "$OUT/colls_dev" 2
+step "C ABI on device buffers: 4 processes (CUDA IPC)" 60 "$OUT/colls_dev" 4
+
+step "oxccl-perf --device, 2 ranks, all-reduce 8 B..256 MiB" 60 \
+  "$B/oxccl-perf" --device --np 2 -b 8 -e 256M -f 4 -n 20 -w 5 -c 1
+step "oxccl-perf --device, 4 ranks, all-reduce 8 B..256 MiB" 60 \
+  "$B/oxccl-perf" --device --np 4 -b 8 -e 256M -f 4 -n 20 -w 5 -c 1
+step "oxccl-perf --device, 2 ranks, staged (OXCCL_CUDA_IPC=0) 1 MiB..64 MiB" 40 \
+  env OXCCL_CUDA_IPC=0 "$B/oxccl-perf" --device --np 2 -b 1M -e 64M -f 8 -n 10 -w 2 -c 1
+
+export PYTHONPATH="$ROOT/ffi/python${PYTHONPATH:+:$PYTHONPATH}" OXCCL_LIBRARY="$B/libnccl.so.2"
+step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 60 \
+  python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29571 "$ROOT/cuda/gpu_ddp.py" --backend oxccl
+step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 60 \
+  env LD_PRELOAD="$B/libnccl.so.2" python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29572 \
+  "$ROOT/cuda/gpu_ddp.py" --backend nccl
+
+echo; echo "=== summary ($(date -u +%F), $(cat "$OUT/gpu.txt" | head -1))"
+printf '| %-80s | %-16s |\n' "check" "result"
+for i in "${!NAMES[@]}"; do printf '| %-80s | %-16s |\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
+grep -h "^# Device" "$OUT"/step*.log | head -2
+grep -h -E "^ +268435456 " "$OUT"/step*.log | head -3
