@@ -29,7 +29,6 @@ use crate::kernels::{self, KernelArgs, MAX_PTRS};
 use oxccl::exec::OpMem;
 use oxccl::{Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -182,15 +181,24 @@ struct Job {
     gate: Arc<Gate>,
 }
 
+/// The worker's queue and what it is doing, under one lock (`drain` and the worker read both).
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// The worker holds a job it took from `jobs`.
+    busy: bool,
+    shutdown: bool,
+}
+
 struct Inner {
     host: Arc<dyn HostComm>,
     device: i32,
-    queue: Mutex<VecDeque<Job>>,
-    cv: Condvar,
+    queue: Mutex<Queue>,
+    /// Signalled when a job is queued or shutdown is asked (the worker waits on it).
+    work: Condvar,
+    /// Signalled when the worker finishes a job (`drain` waits on it).
     idle: Condvar,
-    busy: Mutex<bool>,
     error: Mutex<Option<Error>>,
-    shutdown: AtomicBool,
 }
 
 /// A communicator for device buffers (see the module docs).
@@ -225,12 +233,10 @@ impl DeviceComm {
         let inner = Arc::new(Inner {
             host,
             device,
-            queue: Mutex::new(VecDeque::new()),
-            cv: Condvar::new(),
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
             idle: Condvar::new(),
-            busy: Mutex::new(false),
             error: Mutex::new(None),
-            shutdown: AtomicBool::new(false),
         });
         let w = inner.clone();
         let worker = std::thread::Builder::new()
@@ -252,9 +258,9 @@ impl DeviceComm {
 
     /// Wait until every enqueued operation has run (their inputs became ready and they finished).
     pub fn drain(&self) {
-        let mut busy = self.inner.busy.lock().unwrap();
-        while *busy || !self.inner.queue.lock().unwrap().is_empty() {
-            busy = self.inner.idle.wait_timeout(busy, Duration::from_millis(50)).unwrap().0;
+        let mut q = self.inner.queue.lock().unwrap();
+        while q.busy || !q.jobs.is_empty() {
+            q = self.inner.idle.wait(q).unwrap();
         }
     }
 
@@ -304,8 +310,8 @@ impl DeviceComm {
                 drop(unsafe { Arc::from_raw(raw as *const Gate) });
                 return Err(e);
             }
-            self.inner.queue.lock().unwrap().push_back(Job { ops, ready, gate });
-            self.inner.cv.notify_one();
+            self.inner.queue.lock().unwrap().jobs.push_back(Job { ops, ready, gate });
+            self.inner.work.notify_one();
             Ok(())
         })
     }
@@ -399,8 +405,8 @@ impl DeviceComm {
 
 impl Drop for DeviceComm {
     fn drop(&mut self) {
-        self.inner.shutdown.store(true, Ordering::SeqCst);
-        self.inner.cv.notify_all();
+        self.inner.queue.lock().unwrap().shutdown = true;
+        self.inner.work.notify_all();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
@@ -417,48 +423,51 @@ struct Worker {
 
 fn worker_main(inner: Arc<Inner>) {
     let init = driver::set_device(inner.device).and_then(|_| Stream::new());
+    // without a stream the worker still serves the queue: every job fails (the error is
+    // recorded) and its gate opens, so no stream and no `drain` waits for it
     let mut w = match init {
-        Ok(stream) => Worker { stream, staging: None, retired: Vec::new(), ipc: HashMap::new() },
+        Ok(stream) => Some(Worker { stream, staging: None, retired: Vec::new(), ipc: HashMap::new() }),
         Err(e) => {
             *inner.error.lock().unwrap() = Some(e);
-            return;
+            None
         }
     };
     loop {
         let job = {
             let mut q = inner.queue.lock().unwrap();
             loop {
-                if let Some(j) = q.pop_front() {
-                    *inner.busy.lock().unwrap() = true;
+                if let Some(j) = q.jobs.pop_front() {
+                    q.busy = true;
                     break Some(j);
                 }
-                if inner.shutdown.load(Ordering::SeqCst) {
+                if q.shutdown {
                     break None;
                 }
-                q = inner.cv.wait_timeout(q, Duration::from_millis(200)).unwrap().0;
+                q = inner.work.wait(q).unwrap();
             }
         };
         let Some(job) = job else { break };
         let already_failed = inner.error.lock().unwrap().is_some();
-        let r = if already_failed {
-            Ok(())
-        } else {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&inner, &mut w, &job))).unwrap_or_else(
-                |_| {
-                    Err(Error::new(ErrorKind::Internal, "the device worker panicked")
-                        .with_rank(inner.host.comm().rank()))
-                },
-            )
+        let r = match w.as_mut() {
+            Some(w) if !already_failed => {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&inner, w, &job))).unwrap_or_else(
+                    |_| {
+                        Err(Error::new(ErrorKind::Internal, "the device worker panicked")
+                            .with_rank(inner.host.comm().rank()))
+                    },
+                )
+            }
+            _ => Ok(()), // an earlier error stands; the job is skipped
         };
         if let Err(e) = r {
             tracing::error!("oxccl device operation failed: {e}");
             inner.error.lock().unwrap().get_or_insert(e);
         }
         job.gate.open();
-        *inner.busy.lock().unwrap() = false;
+        inner.queue.lock().unwrap().busy = false;
         inner.idle.notify_all();
     }
-    for (_, p) in w.ipc.drain() {
+    for (_, p) in w.iter_mut().flat_map(|w| w.ipc.drain()) {
         driver::ipc_close(p);
     }
 }
