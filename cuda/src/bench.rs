@@ -2,7 +2,7 @@
 //! and the reduce kernel on the same buffers, so the kernel is reported as a fraction of memcpy.
 
 use crate::driver::{self, DeviceBuffer, Stream};
-use crate::kernels::{self, KernelArgs, MAX_PTRS};
+use crate::kernels::{self, KernelArgs};
 use oxccl::{DataType, ReduceOp, Result};
 use std::time::Instant;
 
@@ -33,8 +33,7 @@ pub fn kernel_bandwidth(ord: i32, dtype: DataType, bytes: usize, iters: usize) -
     };
     // SAFETY: three allocations of `bytes` on this device, and our own stream.
     let t_copy = time(&|| unsafe { driver::copy_d2d(c.ptr(), a.ptr(), bytes, s.raw()) })?;
-    let mut args =
-        KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 2, nout: 1, post: 0, pad: 0 };
+    let mut args = KernelArgs { nin: 2, nout: 1, ..KernelArgs::default() };
     args.inputs[0] = a.ptr();
     args.inputs[1] = b.ptr();
     args.outputs[0] = c.ptr();

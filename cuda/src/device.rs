@@ -193,6 +193,9 @@ struct Queue {
 struct Inner {
     host: Arc<dyn HostComm>,
     device: i32,
+    /// The IPC one-shot path may be used: all ranks on one host, at most [`MAX_PTRS`] of them,
+    /// `OXCCL_CUDA_IPC` not `0` (fixed for the communicator's life, so every rank decides alike).
+    ipc_allowed: bool,
     queue: Mutex<Queue>,
     /// Signalled when a job is queued or shutdown is asked (the worker waits on it).
     work: Condvar,
@@ -230,9 +233,14 @@ impl DeviceComm {
         driver::probe()?;
         driver::set_device(device)?;
         driver::module(device)?; // compile or load the kernels now, not in the first call
+        let comm = host.comm();
+        let one_host = comm.peers().iter().all(|p| p.host_id == comm.peers()[0].host_id);
+        let ipc_on = std::env::var("OXCCL_CUDA_IPC").map(|v| v != "0").unwrap_or(true);
+        let ipc_allowed = ipc_on && one_host && comm.size() <= MAX_PTRS;
         let inner = Arc::new(Inner {
             host,
             device,
+            ipc_allowed,
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -477,7 +485,7 @@ fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
     job.ready.wait()?;
     if job.ops.len() == 1 {
         let (d, m) = job.ops[0];
-        if ipc_eligible(comm, &d) {
+        if inner.ipc_allowed && one_shot(d.coll) {
             if let Some(r) = try_ipc(inner, w, &d, &m) {
                 r?;
                 COUNTS.lock().unwrap().ipc += 1;
@@ -490,13 +498,9 @@ fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
     Ok(())
 }
 
-/// Decided the same way on every rank (from the communicator's shape and the call).
-fn ipc_eligible(comm: &Communicator, d: &OpDesc) -> bool {
-    let on = std::env::var("OXCCL_CUDA_IPC").map(|v| v != "0").unwrap_or(true);
-    let one_host = comm.peers().iter().all(|p| p.host_id == comm.peers()[0].host_id);
-    on && one_host
-        && comm.size() <= MAX_PTRS
-        && matches!(d.coll, Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather | Coll::Broadcast | Coll::Reduce)
+/// The collectives the IPC one-shot kernels implement.
+fn one_shot(coll: Coll) -> bool {
+    matches!(coll, Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather | Coll::Broadcast | Coll::Reduce)
 }
 
 const REC: usize = 4 + 4 + 4 + 4 + 64 + 8 + 64 + 8 + 8 + 8;
@@ -609,8 +613,7 @@ fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> 
     let es = d.dtype.size() as u64;
     let count = d.count as u64;
     let md = driver::module(inner.device)?;
-    let mut a =
-        KernelArgs { inputs: [0; MAX_PTRS], outputs: [0; MAX_PTRS], n: 0, scalar: 0, nin: 0, nout: 0, post: 0, pad: 0 };
+    let mut a = KernelArgs::default();
     if let ReduceOp::PreMulSum(b) = d.op {
         a.scalar = u64::from_le_bytes(b);
     }
@@ -685,10 +688,20 @@ fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> 
     w.stream.sync()
 }
 
+/// Where an operation's windows sit in its pinned region: (input offset, output offset), and
+/// the region's size rounded to 64 bytes (regions are laid out back to back).
+fn pinned_layout(m: &DevMem) -> (usize, usize, usize) {
+    let (i, o) = match *m {
+        DevMem::Split { send_len, .. } => (0, send_len.div_ceil(64) * 64),
+        DevMem::InPlace { in_off, out_off, .. } => (in_off, out_off),
+    };
+    (i, o, m.pinned_len().div_ceil(64) * 64)
+}
+
 /// The staged path: device → pinned host → host collective(s) → device.
 fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Result<()> {
     let (n, r) = (comm.size(), comm.rank());
-    let total: usize = ops.iter().map(|(_, m)| m.pinned_len().div_ceil(64) * 64).sum();
+    let total: usize = ops.iter().map(|(_, m)| pinned_layout(m).2).sum();
     if w.staging.as_ref().is_none_or(|p| p.len() < total) {
         let p = Pinned::new(total.next_power_of_two())?;
         if let Some(old) = w.staging.replace(p) {
@@ -696,44 +709,38 @@ fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Resu
         }
     }
     let pin = w.staging.as_ref().unwrap().ptr();
+    // per op: its region's offset, and the pinned and device windows of its input and output
     let mut at = 0usize;
-    let mut windows = Vec::new(); // (pinned offset of in, in dev, in len, pinned out, out dev, out len)
+    let mut regions = Vec::with_capacity(ops.len());
     for (d, m) in ops {
         let es = d.dtype.size();
         let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
-        let (ip, il) = m.input(ni * es);
-        let (op, ol) = m.output(no * es);
-        let (pin_in, pin_out) = match *m {
-            DevMem::Split { send_len, .. } => (at, at + send_len.div_ceil(64) * 64),
-            DevMem::InPlace { in_off, out_off, .. } => (at + in_off, at + out_off),
-        };
-        windows.push((pin_in, ip, il, pin_out, op, ol));
-        at += m.pinned_len().div_ceil(64) * 64;
+        let (pi, po, size) = pinned_layout(m);
+        regions.push((at, at + pi, m.input(ni * es), at + po, m.output(no * es)));
+        at += size;
     }
-    for &(pi, ip, il, ..) in &windows {
+    for &(_, pi, (ip, il), ..) in &regions {
         // SAFETY: pinned memory of `total` bytes holds every window; the device addresses are
         // the caller's (enqueue's contract).
         unsafe { driver::copy_d2h(pin.add(pi), ip, il, w.stream.raw())? };
     }
     w.stream.sync()?;
     let mut g = Group::new();
-    let mut base = 0usize;
-    for (d, m) in ops {
+    for ((d, m), &(base, ..)) in ops.iter().zip(&regions) {
         // SAFETY: each operation gets a disjoint region of the pinned buffer, which only this
         // thread touches until the copies back are done.
         let region = unsafe { std::slice::from_raw_parts_mut(pin.add(base), m.pinned_len()) };
         let mem = match *m {
             DevMem::Split { send_len, recv_len, .. } => {
-                let (a, b) = region.split_at_mut(send_len.div_ceil(64) * 64);
+                let (a, b) = region.split_at_mut(pinned_layout(m).1);
                 OpMem::Split { input: &a[..send_len], output: &mut b[..recv_len] }
             }
             DevMem::InPlace { in_off, out_off, .. } => OpMem::InPlace { buf: region, in_off, out_off },
         };
         g.add(comm, *d, mem)?;
-        base += m.pinned_len().div_ceil(64) * 64;
     }
     g.run()?;
-    for &(_, _, _, po, op, ol) in &windows {
+    for &(.., po, (op, ol)) in &regions {
         // SAFETY: as for the copies in.
         unsafe { driver::copy_h2d(op, pin.add(po), ol, w.stream.raw())? };
     }

@@ -199,7 +199,11 @@ impl Drop for Event {
 
 /// A stream of oxccl's own, non-blocking with respect to the legacy default stream (so it never
 /// waits on a user stream that is parked in an oxccl gate).
-pub struct Stream(pub(crate) CUstream);
+pub struct Stream {
+    raw: CUstream,
+    /// Recorded and waited on by [`Stream::sync`] (one event for the stream's life).
+    done: Event,
+}
 // SAFETY: CUDA streams may be used from any thread.
 unsafe impl Send for Stream {}
 // SAFETY: as above.
@@ -208,31 +212,31 @@ unsafe impl Sync for Stream {}
 impl Stream {
     /// A new non-blocking stream on the current context.
     pub fn new() -> Result<Stream> {
+        let done = Event::new()?;
         let mut s: CUstream = std::ptr::null_mut();
         check(
             // SAFETY: out-pointer, valid flag.
             unsafe { cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
             "cuStreamCreate",
         )?;
-        Ok(Stream(s))
+        Ok(Stream { raw: s, done })
     }
     /// The raw handle.
     pub fn raw(&self) -> CUstream {
-        self.0
+        self.raw
     }
     /// Wait for everything enqueued so far, sleeping on a blocking-sync event.
     pub fn sync(&self) -> Result<()> {
-        let e = Event::new()?;
         // SAFETY: our own live stream.
-        unsafe { e.record(self.0)? };
-        e.wait()
+        unsafe { self.done.record(self.raw)? };
+        self.done.wait()
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: destroyed once.
-        unsafe { cu::cuStreamDestroy_v2(self.0) };
+        unsafe { cu::cuStreamDestroy_v2(self.raw) };
     }
 }
 
@@ -343,7 +347,7 @@ pub fn module(ord: i32) -> Result<&'static Module> {
     let minor = attribute(ord, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     let sms = attribute(ord, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
     let arch = format!("sm_{major}{minor}");
-    let src_hash = blake3_like(&kernels::source());
+    let src_hash = fnv1a(&kernels::source());
     let cached = cache_dir().map(|d| d.join(format!("{src_hash:016x}-{arch}.cubin")));
     let mut image: Option<(Vec<u8>, String)> = None;
     if let Some(p) = &cached {
@@ -390,7 +394,7 @@ pub fn module(ord: i32) -> Result<&'static Module> {
 }
 
 /// FNV-1a of the source (a cache key; not security relevant).
-fn blake3_like(s: &str) -> u64 {
+fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 

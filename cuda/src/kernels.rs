@@ -95,7 +95,7 @@ pub fn kernel_names() -> Vec<String> {
 
 /// The kernels' one argument, passed by value (`struct OxArgs` in the source; 168 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct KernelArgs {
     /// Input pointers (device addresses); `nin` are used.
     pub inputs: [u64; MAX_PTRS],
