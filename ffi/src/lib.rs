@@ -331,7 +331,11 @@ impl Entry {
                 self.async_error.lock().unwrap().get_or_insert(e);
             }
         }
-        // device operations enqueued earlier run first too (host calls are ordered after them)
+        self.drain_device();
+    }
+
+    /// Wait for the device operations enqueued earlier (host calls are ordered after them).
+    fn drain_device(&self) {
         let dev = self.dev.lock().unwrap().clone();
         if let Some(d) = dev {
             d.drain();
@@ -507,15 +511,6 @@ fn cu_pointer_get_attribute() -> Option<CuPointerGetAttribute> {
     let f = *F.get_or_init(|| f.unwrap_or(0));
     // SAFETY: the symbol has this signature in every CUDA driver API version.
     (f != 0).then(|| unsafe { std::mem::transmute::<usize, CuPointerGetAttribute>(f) })
-}
-
-/// Where a buffer lives: device memory only exists in a process that loaded the CUDA driver.
-fn memory_of(p: usize) -> oxccl_cuda::Memory {
-    if p == 0 || cu_pointer_get_attribute().is_none() {
-        oxccl_cuda::Memory::Host
-    } else {
-        oxccl_cuda::classify(p as u64)
-    }
 }
 
 /// Without CUDA in the process, a pointer that is not mapped (a device pointer from elsewhere, a
@@ -709,8 +704,16 @@ fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
         Layout::Split { send, send_len, recv, recv_len } => (send, send_len, recv, recv_len),
         Layout::InPlace { base, len, .. } => (base, len, base, len),
     };
-    let ma = if alen > 0 { memory_of(a) } else { Memory::Host };
-    let mb = if blen > 0 { memory_of(b) } else { Memory::Host };
+    // device memory only exists in a process that loaded the CUDA driver
+    let cuda = cu_pointer_get_attribute().is_some();
+    let memory_of = |p: usize, len: usize| {
+        if cuda && p != 0 && len > 0 {
+            oxccl_cuda::classify(p as u64)
+        } else {
+            Memory::Host
+        }
+    };
+    let (ma, mb) = (memory_of(a, alen), memory_of(b, blen));
     match (ma, mb, alen > 0, blen > 0) {
         (Memory::Device(x), Memory::Device(y), _, _) if x != y => Err(arg(format!(
             "{name}: sendbuff is on GPU {x} and recvbuff on GPU {y}; both must be on the communicator's GPU"
@@ -722,7 +725,7 @@ fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
             Err(arg(format!("{name}: one buffer is device memory and the other host memory; both must be of one kind")))
         }
         _ => {
-            if cu_pointer_get_attribute().is_none() {
+            if !cuda {
                 check_mapped(a, alen, "sendbuff", name)?;
                 if b != a {
                     check_mapped(b, blen, "recvbuff", name)?;
@@ -792,10 +795,7 @@ fn enqueue(
         unsafe { dc.enqueue(vec![(desc, dev_mem(&layout))], oxccl_cuda::UserStream(stream))? };
         return Ok(ncclSuccess);
     }
-    let dev = e.dev.lock().unwrap().clone();
-    if let Some(d) = dev {
-        d.drain(); // device operations enqueued earlier go first
-    }
+    e.drain_device();
     if e.blocking {
         // SAFETY: a blocking call: the caller's buffers are valid until it returns.
         comm.run(desc, unsafe { borrowed(&layout) })?;
