@@ -10,17 +10,6 @@ use oxccl_cuda::driver::{self, DeviceBuffer, Stream};
 use oxccl_cuda::{DevMem, DeviceComm, HostComm, UserStream};
 use std::sync::Arc;
 
-const COLLS: [Coll; 8] = [
-    Coll::AllReduce,
-    Coll::AllGather,
-    Coll::ReduceScatter,
-    Coll::Broadcast,
-    Coll::Reduce,
-    Coll::AllToAll,
-    Coll::Gather,
-    Coll::Scatter,
-];
-
 fn rank_body(comm: Communicator) -> usize {
     let (n, r) = (comm.size(), comm.rank());
     let comm = Arc::new(comm);
@@ -35,7 +24,7 @@ fn rank_body(comm: Communicator) -> usize {
     let send = DeviceBuffer::zeroed(max).unwrap();
     let recv = DeviceBuffer::zeroed(max).unwrap();
     let mut checks = 0;
-    for coll in COLLS {
+    for coll in Coll::COLLECTIVES {
         for dt in DataType::ALL {
             for op in ops_for(coll, dt) {
                 for count in [1usize, 1001, 65_541] {

@@ -23,8 +23,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// The compute_80 PTX, compiled at most once per run (several flags need it).
+fn ptx80(cache: &mut Option<Vec<u8>>) -> Result<&[u8], String> {
+    if cache.is_none() {
+        *cache = Some(nvrtc::compile("compute_80").map_err(|e| e.to_string())?.image);
+    }
+    Ok(cache.as_deref().unwrap())
+}
+
 fn run(args: &[String]) -> Result<(), String> {
     let mut it = args.iter();
+    let mut ptx: Option<Vec<u8>> = None;
     let mut ptxas = "ptxas".to_string();
     let mut cubins: Vec<String> = Vec::new();
     let mut did = false;
@@ -36,18 +45,18 @@ fn run(args: &[String]) -> Result<(), String> {
                 did = true;
             }
             "--ptx" => {
-                let c = nvrtc::compile("compute_80").map_err(|e| e.to_string())?;
-                std::fs::write(val()?, &c.image).map_err(|e| e.to_string())?;
+                let path = val()?;
+                std::fs::write(path, ptx80(&mut ptx)?).map_err(|e| e.to_string())?;
                 did = true;
             }
             "--check-embedded" => {
-                let c = nvrtc::compile("compute_80").map_err(|e| e.to_string())?;
-                if c.image != kernels::EMBEDDED_PTX.as_bytes() {
+                let image = ptx80(&mut ptx)?;
+                if image != kernels::EMBEDDED_PTX.as_bytes() {
                     return Err("cuda/kernels/oxccl_kernels.ptx is stale: regenerate it with \
                                 `oxccl-kernels --ptx cuda/kernels/oxccl_kernels.ptx`"
                         .into());
                 }
-                println!("embedded PTX matches the source ({} bytes)", c.image.len());
+                println!("embedded PTX matches the source ({} bytes)", image.len());
                 did = true;
             }
             "--cubin" => cubins = val()?.split(',').map(str::to_string).collect(),
@@ -62,11 +71,11 @@ fn run(args: &[String]) -> Result<(), String> {
     if !cubins.is_empty() {
         let (maj, min) = nvrtc::version().map_err(|e| e.to_string())?;
         println!("NVRTC {maj}.{min}; {} kernels", kernels::kernel_names().len());
-        let ptx = nvrtc::compile("compute_80").map_err(|e| e.to_string())?;
+        let image = ptx80(&mut ptx)?;
         let dir = std::env::temp_dir().join(format!("oxccl-kernels-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let ptx_path = dir.join("oxccl_kernels.ptx");
-        std::fs::write(&ptx_path, &ptx.image).map_err(|e| e.to_string())?;
+        std::fs::write(&ptx_path, image).map_err(|e| e.to_string())?;
         for arch in &cubins {
             let c = nvrtc::compile(arch).map_err(|e| e.to_string())?;
             if !c.log.trim().is_empty() {
