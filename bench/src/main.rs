@@ -212,6 +212,28 @@ struct Result1 {
     wrong: usize,
 }
 
+/// nccl-tests' timing: `warmup` runs, a barrier, then the mean over `iters` runs, in µs.
+/// `settle` runs after the warm-up and after the timed runs (device mode: synchronise the stream,
+/// so enqueued work is counted); host runs complete in the call and pass a no-op.
+fn timed(
+    c: &Communicator,
+    o: &Opts,
+    mut run: impl FnMut() -> oxccl::Result<()>,
+    settle: impl Fn() -> oxccl::Result<()>,
+) -> oxccl::Result<f64> {
+    for _ in 0..o.warmup {
+        run()?;
+    }
+    settle()?;
+    c.barrier()?;
+    let t = Instant::now();
+    for _ in 0..o.iters {
+        run()?;
+    }
+    settle()?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / o.iters as f64)
+}
+
 /// Time `iters` runs of one operation and optionally check one more run.
 #[allow(clippy::too_many_arguments)]
 fn bench_one(
@@ -246,15 +268,7 @@ fn bench_one(
             )?;
             g.run()
         };
-        for _ in 0..o.warmup {
-            run(&mut out)?;
-        }
-        c.barrier()?;
-        let t = Instant::now();
-        for _ in 0..o.iters {
-            run(&mut out)?;
-        }
-        let us = t.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+        let us = timed(c, o, || run(&mut out), || Ok(()))?;
         let mut wrong = 0;
         if o.check {
             out.fill(0);
@@ -292,15 +306,7 @@ fn bench_one(
         };
         c.run(desc, mem)
     };
-    for _ in 0..o.warmup {
-        run(&mut a, &mut b)?;
-    }
-    c.barrier()?;
-    let t = Instant::now();
-    for _ in 0..o.iters {
-        run(&mut a, &mut b)?;
-    }
-    let us = t.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+    let us = timed(c, o, || run(&mut a, &mut b), || Ok(()))?;
     let mut wrong = 0;
     if o.check {
         fill(&mut a);
@@ -421,17 +427,7 @@ fn bench_any(
     };
     load()?;
     let run = || d.dc.enqueue_on(ops.clone(), &[&d.a, &d.b], &d.stream);
-    for _ in 0..o.warmup {
-        run()?;
-    }
-    d.stream.sync()?;
-    c.barrier()?;
-    let t = Instant::now();
-    for _ in 0..o.iters {
-        run()?;
-    }
-    d.stream.sync()?;
-    let us_per = t.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+    let us_per = timed(c, o, run, || d.stream.sync())?;
     if let Some(e) = d.dc.error() {
         return Err(e);
     }
