@@ -82,30 +82,21 @@ pub fn classify(ptr: u64) -> Memory {
     if ptr == 0 || probe().is_err() {
         return Memory::Host;
     }
-    guarded("cuPointerGetAttribute", || {
+    guarded("cuPointerGetAttributes", || {
+        // one call for both attributes; unlike the singular form it succeeds for memory CUDA
+        // does not know, leaving the memory type 0 (not device)
         let mut kind: u32 = 0;
-        // SAFETY: the attribute is a 32-bit CUmemorytype; the driver only looks the address up.
-        let r = unsafe {
-            cu::cuPointerGetAttribute(
-                (&mut kind as *mut u32).cast(),
-                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                ptr,
-            )
-        };
-        if r != cu::CUresult::CUDA_SUCCESS || kind != cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            return Ok(Memory::Host);
-        }
-        let mut ord: i32 = 0;
-        // SAFETY: the attribute is an int.
-        let r = unsafe {
-            cu::cuPointerGetAttribute(
-                (&mut ord as *mut i32).cast(),
-                cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                ptr,
-            )
-        };
-        check(r, "cuPointerGetAttribute(DEVICE_ORDINAL)")?;
-        Ok(Memory::Device(ord))
+        let mut ord: i32 = -1;
+        let mut attrs = [
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        ];
+        let mut data = [(&mut kind as *mut u32).cast::<libc::c_void>(), (&mut ord as *mut i32).cast()];
+        // SAFETY: two attributes with out-pointers of their types (a 32-bit CUmemorytype and an
+        // int); the driver only looks the address up.
+        let r = unsafe { cu::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) };
+        check(r, "cuPointerGetAttributes")?;
+        Ok(if kind == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 { Memory::Device(ord) } else { Memory::Host })
     })
     .unwrap_or(Memory::Host)
 }
