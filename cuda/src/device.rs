@@ -193,6 +193,8 @@ struct Queue {
 struct Inner {
     host: Arc<dyn HostComm>,
     device: i32,
+    /// The kernels on `device`, loaded at creation.
+    module: &'static driver::Module,
     /// The IPC one-shot path may be used: all ranks on one host, at most [`MAX_PTRS`] of them,
     /// `OXCCL_CUDA_IPC` not `0` (fixed for the communicator's life, so every rank decides alike).
     ipc_allowed: bool,
@@ -232,7 +234,7 @@ impl DeviceComm {
     pub fn new(host: Arc<dyn HostComm>, device: i32) -> Result<DeviceComm> {
         driver::probe()?;
         driver::set_device(device)?;
-        driver::module(device)?; // compile or load the kernels now, not in the first call
+        let module = driver::module(device)?; // compile or load the kernels now, not in the first call
         let comm = host.comm();
         let one_host = comm.peers().iter().all(|p| p.host_id == comm.peers()[0].host_id);
         let ipc_on = std::env::var("OXCCL_CUDA_IPC").map(|v| v != "0").unwrap_or(true);
@@ -240,6 +242,7 @@ impl DeviceComm {
         let inner = Arc::new(Inner {
             host,
             device,
+            module,
             ipc_allowed,
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
@@ -612,7 +615,6 @@ fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> 
     let (n, r) = (comm.size(), comm.rank());
     let es = d.dtype.size() as u64;
     let count = d.count as u64;
-    let md = driver::module(inner.device)?;
     let mut a = KernelArgs::default();
     if let ReduceOp::PreMulSum(b) = d.op {
         a.scalar = u64::from_le_bytes(b);
@@ -683,7 +685,7 @@ fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> 
     if a.n > 0 {
         // SAFETY: the addresses are the ranks' windows (checked sizes), mapped in this process;
         // our own stream.
-        unsafe { md.launch(name, &a, elem, w.stream.raw())? };
+        unsafe { inner.module.launch(name, &a, elem, w.stream.raw())? };
     }
     w.stream.sync()
 }
