@@ -9,6 +9,7 @@ use crate::types::{DataType, Element, ReduceOp};
 use crate::{Error, Result};
 use oxccl_transport::wait::Doorbell;
 use oxccl_transport::{PeerInfo, Transport, TransportCtx};
+use oxccl_transport_rdma::{NetChoice, RdmaConfig, RdmaTransport};
 use oxccl_transport_shm::{ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +36,8 @@ pub(crate) struct State {
     conns: Conns,
     shm: Option<ShmTransport>,
     tcp: TcpTransport,
+    /// The RDMA network between hosts (`OXCCL_NET=ofi`), replacing TCP for ranks on other hosts.
+    net: Option<RdmaTransport>,
     seq: u64,
     p2p_tx: Vec<u64>,
     p2p_rx: Vec<u64>,
@@ -279,6 +282,7 @@ impl Communicator {
             lanes: cfg.nsocks,
             socket_buffer: cfg.socket_buffer,
         };
+        let net = open_net(&ctx, &peers, rank, &cfg, host_ids.len() > 1)?;
         let tcp = TcpTransport::new(ctx, tcp_cfg, peers[rank].ip);
         Ok(Communicator {
             sh: Arc::new(Shared {
@@ -307,6 +311,7 @@ impl Communicator {
                     conns: Conns::new(nranks),
                     shm,
                     tcp,
+                    net,
                     seq: 0,
                     p2p_tx: vec![0; nranks],
                     p2p_rx: vec![0; nranks],
@@ -736,12 +741,46 @@ fn split<'a, T: Element>(send: &'a [T], recv: &'a mut [T]) -> OpMem<'a> {
     OpMem::Split { input: bytemuck::cast_slice(send), output: bytemuck::cast_slice_mut(recv) }
 }
 
+/// The network between hosts: `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`, `ib`); asked for and not
+/// available is an error naming why. Unset: libfabric is used when the ranks span hosts and it
+/// offers a provider that is not itself TCP or sockets (EFA, CXI, verbs), else oxccl's TCP.
+fn open_net(
+    ctx: &TransportCtx,
+    peers: &[PeerInfo],
+    rank: usize,
+    cfg: &Config,
+    several_hosts: bool,
+) -> Result<Option<RdmaTransport>> {
+    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes };
+    let explicit = std::env::var_os("OXCCL_NET").or_else(|| std::env::var_os("NCCL_NET")).is_some();
+    match NetChoice::from_env().map_err(|e| e.with_rank(rank))? {
+        NetChoice::Socket if explicit => Ok(None),
+        NetChoice::Socket => {
+            if !several_hosts {
+                return Ok(None);
+            }
+            // automatic: a fast provider if libfabric has one (probed once per process); its
+            // TCP/sockets emulation is not faster than oxccl's own sockets
+            if !oxccl_transport_rdma::hardware_provider_available() {
+                return Ok(None);
+            }
+            Ok(RdmaTransport::open(&NetChoice::Ofi(String::new()), ctx.clone(), peers[rank].ip, rcfg).ok())
+        }
+        choice => RdmaTransport::open(&choice, ctx.clone(), peers[rank].ip, rcfg)
+            .map(Some)
+            .map_err(|e| e.with_rank(rank).with_op("init: OXCCL_NET")),
+    }
+}
+
 impl Shared {
     fn transport_for<'s>(&self, st: &'s State, peer: usize) -> &'s dyn Transport {
         let (me, p) = (&self.peers[self.rank], &self.peers[peer]);
         match &st.shm {
             Some(s) if s.can_connect(me, p) => s,
-            _ => &st.tcp,
+            _ => match &st.net {
+                Some(n) => n,
+                None => &st.tcp,
+            },
         }
     }
 

@@ -1,0 +1,313 @@
+//! InfiniBand/RoCE verbs: device discovery and selection, without rdma-core at build time.
+//!
+//! `libibverbs.so.1` is opened with `dlopen` at run time, so builds and CI never need rdma-core
+//! and a machine without it (or without a device) gets a clean `Unavailable`. What exists:
+//! listing devices, `NCCL_IB_HCA`/`OXCCL_IB_HCA` filters (NCCL's syntax), GID tables read from
+//! sysfs and RoCE v2 GID selection (`NCCL_IB_GID_INDEX`/`OXCCL_IB_GID_INDEX`). The verbs data
+//! path (queue pairs, registration, write-with-immediate) is not implemented yet: with a device
+//! present, opening the `ib` network says so (`docs/transports.md`).
+
+use oxccl_transport::{Error, ErrorKind, Result};
+
+/// One entry of an `NCCL_IB_HCA` list: a device name and an optional port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HcaEntry {
+    /// Device name, or its prefix unless the list is exact.
+    pub name: String,
+    /// Port (1-based), if given.
+    pub port: Option<u32>,
+}
+
+/// A parsed `NCCL_IB_HCA` value: `[^][=]name[:port][,name[:port]...]`. `^` excludes the listed
+/// devices, `=` makes names match exactly (otherwise they are prefixes).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HcaFilter {
+    /// Exclude instead of include.
+    pub exclude: bool,
+    /// Exact names instead of prefixes.
+    pub exact: bool,
+    /// The entries (empty: every device).
+    pub entries: Vec<HcaEntry>,
+}
+
+impl HcaFilter {
+    /// Parse; an empty string selects everything.
+    pub fn parse(s: &str) -> Result<HcaFilter> {
+        let mut s = s.trim();
+        let mut f = HcaFilter::default();
+        if let Some(r) = s.strip_prefix('^') {
+            f.exclude = true;
+            s = r;
+        }
+        if let Some(r) = s.strip_prefix('=') {
+            f.exact = true;
+            s = r;
+        }
+        for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let (name, port) = match item.split_once(':') {
+                Some((n, p)) => {
+                    let port = p.parse::<u32>().ok().filter(|p| *p >= 1).ok_or_else(|| {
+                        Error::invalid_argument(format!("NCCL_IB_HCA entry {item:?}: port must be a number from 1"))
+                    })?;
+                    (n, Some(port))
+                }
+                None => (item, None),
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(Error::invalid_argument(format!("NCCL_IB_HCA entry {item:?} is not a device name")));
+            }
+            f.entries.push(HcaEntry { name: name.to_string(), port });
+        }
+        Ok(f)
+    }
+
+    /// From `OXCCL_IB_HCA`, else `NCCL_IB_HCA`.
+    pub fn from_env() -> Result<HcaFilter> {
+        HcaFilter::parse(&std::env::var("OXCCL_IB_HCA").or_else(|_| std::env::var("NCCL_IB_HCA")).unwrap_or_default())
+    }
+
+    /// Whether `device` port `port` is selected.
+    pub fn selects(&self, device: &str, port: u32) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        let hit = self.entries.iter().any(|e| {
+            let name = if self.exact { device == e.name } else { device.starts_with(&e.name) };
+            name && e.port.is_none_or(|p| p == port)
+        });
+        hit != self.exclude
+    }
+}
+
+/// What kind of address a GID is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidKind {
+    /// InfiniBand.
+    Ib,
+    /// RoCE v1 (Ethernet, not routable).
+    RoceV1,
+    /// RoCE v2 (UDP/IP, routable).
+    RoceV2,
+}
+
+/// One GID table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gid {
+    /// Index in the port's table.
+    pub index: u32,
+    /// The 16 bytes.
+    pub raw: [u8; 16],
+    /// Its type.
+    pub kind: GidKind,
+}
+
+impl Gid {
+    /// Whether it is unset (all zeros).
+    pub fn is_zero(&self) -> bool {
+        self.raw == [0; 16]
+    }
+    /// Whether it carries an IPv4 address (`::ffff:a.b.c.d`).
+    pub fn is_ipv4(&self) -> bool {
+        self.raw[..10] == [0; 10] && self.raw[10..12] == [0xff, 0xff]
+    }
+    /// Whether it is an IPv6 link-local address (`fe80::/10`).
+    pub fn is_link_local(&self) -> bool {
+        self.raw[0] == 0xfe && self.raw[1] & 0xc0 == 0x80
+    }
+}
+
+/// Parse a GID as sysfs prints it: eight groups of four hex digits separated by colons.
+pub fn parse_gid(s: &str) -> Result<[u8; 16]> {
+    let bad = || Error::invalid_argument(format!("{s:?} is not a GID (8 colon-separated groups of 4 hex digits)"));
+    let groups: Vec<&str> = s.trim().split(':').collect();
+    if groups.len() != 8 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, g) in groups.iter().enumerate() {
+        if g.len() != 4 {
+            return Err(bad());
+        }
+        let v = u16::from_str_radix(g, 16).map_err(|_| bad())?;
+        out[2 * i..2 * i + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    Ok(out)
+}
+
+/// The GID kind from sysfs' `gid_attrs/types/N` text (`IB/RoCE v1`, `RoCE v2`).
+pub fn parse_gid_kind(s: &str, link_is_ethernet: bool) -> GidKind {
+    match s.trim() {
+        "RoCE v2" => GidKind::RoceV2,
+        _ if link_is_ethernet => GidKind::RoceV1,
+        _ => GidKind::Ib,
+    }
+}
+
+/// Pick the GID to use: the index asked for (`NCCL_IB_GID_INDEX`), else, on RoCE, a RoCE v2
+/// IPv4 GID, then a RoCE v2 IPv6 GID that is not link-local, then any RoCE v2, then v1; on
+/// InfiniBand index 0. Unset (zero) entries are never chosen.
+pub fn select_gid(table: &[Gid], want: Option<u32>) -> Result<Gid> {
+    let usable = || table.iter().filter(|g| !g.is_zero());
+    if let Some(i) = want {
+        return usable().find(|g| g.index == i).copied().ok_or_else(|| {
+            Error::invalid_argument(format!("GID index {i} (NCCL_IB_GID_INDEX) is not set on this port"))
+        });
+    }
+    let rank = |g: &Gid| match (g.kind, g.is_ipv4(), g.is_link_local()) {
+        (GidKind::RoceV2, true, _) => 0,
+        (GidKind::RoceV2, false, false) => 1,
+        (GidKind::RoceV2, false, true) => 2,
+        (GidKind::RoceV1, ..) => 3,
+        (GidKind::Ib, ..) => 4,
+    };
+    usable()
+        .min_by_key(|g| (rank(g), g.index))
+        .copied()
+        .ok_or_else(|| Error::new(ErrorKind::Unavailable, "the port has no usable GID"))
+}
+
+/// `NCCL_IB_GID_INDEX`/`OXCCL_IB_GID_INDEX` (unset or negative: automatic).
+pub fn gid_index_from_env() -> Result<Option<u32>> {
+    match std::env::var("OXCCL_IB_GID_INDEX").or_else(|_| std::env::var("NCCL_IB_GID_INDEX")) {
+        Err(_) => Ok(None),
+        Ok(v) => {
+            let n: i64 = v.trim().parse().map_err(|_| Error::invalid_argument(format!("NCCL_IB_GID_INDEX={v:?}")))?;
+            Ok(u32::try_from(n).ok())
+        }
+    }
+}
+
+/// The RDMA devices `libibverbs` lists. `Unavailable` when the library is not installed.
+pub fn devices() -> Result<Vec<String>> {
+    // SAFETY: dlopen/dlsym with NUL-terminated names; the functions have these signatures in
+    // every libibverbs; the list is freed with its own function; the names are copied out.
+    unsafe {
+        let h = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if h.is_null() {
+            return Err(Error::new(ErrorKind::Unavailable, "libibverbs.so.1 (rdma-core) is not installed"));
+        }
+        let get = libc::dlsym(h, c"ibv_get_device_list".as_ptr());
+        let free = libc::dlsym(h, c"ibv_free_device_list".as_ptr());
+        let name = libc::dlsym(h, c"ibv_get_device_name".as_ptr());
+        if get.is_null() || free.is_null() || name.is_null() {
+            return Err(Error::new(ErrorKind::Unavailable, "libibverbs.so.1 lacks ibv_get_device_list"));
+        }
+        type Get = unsafe extern "C" fn(*mut libc::c_int) -> *mut *mut libc::c_void;
+        type Free = unsafe extern "C" fn(*mut *mut libc::c_void);
+        type Name = unsafe extern "C" fn(*mut libc::c_void) -> *const libc::c_char;
+        let (get, free, name) = (
+            std::mem::transmute::<*mut libc::c_void, Get>(get),
+            std::mem::transmute::<*mut libc::c_void, Free>(free),
+            std::mem::transmute::<*mut libc::c_void, Name>(name),
+        );
+        let mut n: libc::c_int = 0;
+        let list = get(&mut n);
+        if list.is_null() {
+            return Ok(Vec::new());
+        }
+        let out = (0..n.max(0) as usize)
+            .map(|i| std::ffi::CStr::from_ptr(name(*list.add(i))).to_string_lossy().into_owned())
+            .collect();
+        free(list);
+        Ok(out)
+    }
+}
+
+/// Why the `ib` network cannot be opened here: no library, no (selected) device, or — with one
+/// — the data path that is not implemented yet.
+pub fn unavailable_data_path() -> Error {
+    let filter = match HcaFilter::from_env() {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    match devices() {
+        Err(e) => e,
+        Ok(d) if d.is_empty() => Error::new(ErrorKind::Unavailable, "no RDMA device (libibverbs lists none)"),
+        Ok(d) => {
+            let chosen: Vec<_> = d.iter().filter(|n| filter.selects(n, 1)).cloned().collect();
+            if chosen.is_empty() {
+                Error::new(ErrorKind::Unavailable, format!("NCCL_IB_HCA selects none of the RDMA devices {d:?}"))
+            } else {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "RDMA devices {chosen:?} found, but oxccl's verbs data path is not implemented yet: use \
+                         OXCCL_NET=ofi (libfabric's verbs;ofi_rxm provider) or the socket network"
+                    ),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hca_filters_follow_nccl_syntax() {
+        let f = HcaFilter::parse("mlx5_0:1,mlx5_1").unwrap();
+        assert!(!f.exclude && !f.exact);
+        assert!(f.selects("mlx5_0", 1) && !f.selects("mlx5_0", 2) && f.selects("mlx5_1", 2));
+        assert!(!f.selects("mlx4_0", 1));
+        let prefix = HcaFilter::parse("mlx5").unwrap();
+        assert!(prefix.selects("mlx5_3", 1) && !prefix.selects("bnxt_re0", 1));
+        let exact = HcaFilter::parse("=mlx5_1").unwrap();
+        assert!(exact.exact && exact.selects("mlx5_1", 1) && !exact.selects("mlx5_10", 1));
+        let excl = HcaFilter::parse("^=mlx5_1").unwrap();
+        assert!(excl.exclude && !excl.selects("mlx5_1", 1) && excl.selects("mlx5_10", 1));
+        let excl_prefix = HcaFilter::parse("^mlx5").unwrap();
+        assert!(!excl_prefix.selects("mlx5_0", 1) && excl_prefix.selects("irdma0", 1));
+        assert!(HcaFilter::parse("").unwrap().selects("anything", 7));
+        for bad in ["mlx5_0:x", "mlx5_0:0", "ml x", ":1", "mlx5_0:-1"] {
+            assert!(HcaFilter::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn gid(index: u32, s: &str, kind: GidKind) -> Gid {
+        Gid { index, raw: parse_gid(s).unwrap(), kind }
+    }
+
+    #[test]
+    fn gids_parse_and_roce_v2_ipv4_is_preferred() {
+        let g = parse_gid("fe80:0000:0000:0000:0202:c9ff:fe00:0001").unwrap();
+        assert_eq!(g[0], 0xfe);
+        assert_eq!(g[15], 0x01);
+        for bad in ["", "fe80::1", "fe80:0000:0000:0000:0202:c9ff:fe00", "fe80:0000:0000:0000:0202:c9ff:fe00:00zz"] {
+            assert!(parse_gid(bad).is_err(), "{bad:?}");
+        }
+        let table = [
+            gid(0, "fe80:0000:0000:0000:0202:c9ff:fe00:0001", GidKind::RoceV1),
+            gid(1, "fe80:0000:0000:0000:0202:c9ff:fe00:0001", GidKind::RoceV2),
+            gid(2, "0000:0000:0000:0000:0000:ffff:0a00:0001", GidKind::RoceV1),
+            gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", GidKind::RoceV2),
+            gid(4, "0000:0000:0000:0000:0000:0000:0000:0000", GidKind::RoceV2),
+        ];
+        assert!(table[3].is_ipv4() && table[1].is_link_local());
+        assert_eq!(select_gid(&table, None).unwrap().index, 3);
+        assert_eq!(select_gid(&table[..2], None).unwrap().index, 1, "RoCE v2 link-local beats v1");
+        assert_eq!(select_gid(&table, Some(0)).unwrap().index, 0, "NCCL_IB_GID_INDEX wins");
+        assert!(select_gid(&table, Some(4)).is_err(), "an unset entry is refused");
+        assert!(select_gid(&table, Some(9)).is_err());
+        let ib = [gid(0, "fe80:0000:0000:0000:0002:c903:0000:0001", GidKind::Ib)];
+        assert_eq!(select_gid(&ib, None).unwrap().index, 0);
+        assert_eq!(select_gid(&[], None).unwrap_err().kind, ErrorKind::Unavailable);
+        assert_eq!(parse_gid_kind("RoCE v2\n", true), GidKind::RoceV2);
+        assert_eq!(parse_gid_kind("IB/RoCE v1", true), GidKind::RoceV1);
+        assert_eq!(parse_gid_kind("IB/RoCE v1", false), GidKind::Ib);
+    }
+
+    /// No RDMA device here (CI): the ib network reports Unavailable with the reason, never a
+    /// panic; with libibverbs installed the device list is just empty.
+    #[test]
+    fn no_device_is_a_clean_unavailable() {
+        match devices() {
+            Ok(d) if !d.is_empty() => eprintln!("RDMA devices here: {d:?}"),
+            _ => {
+                let e = unavailable_data_path();
+                assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
+                assert!(e.message.contains("libibverbs") || e.message.contains("no RDMA device"), "{e}");
+            }
+        }
+    }
+}
