@@ -1,6 +1,7 @@
 //! Depth 4: ranks on separate hosts made of Linux network namespaces joined by a bridge
-//! (`../shared/netns/netns_up.sh`): every rank has its own host id and address, so only the TCP
-//! transport carries data. Needs root; `.ci/run` runs it with `--ignored`.
+//! (`../shared/netns/netns_up.sh`): every rank has its own host id and address, so only the
+//! network transport carries data between them: oxccl's TCP, or the RDMA protocol over
+//! libfabric (`OXCCL_NET=ofi`). Needs root; `.ci/run` runs it with `--ignored`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -34,10 +35,17 @@ impl Drop for Hosts {
     }
 }
 
-fn perf(np: usize, netns: &str, extra: &[&str]) {
+/// The networks between hosts: oxccl's TCP, and libfabric's tcp;ofi_rxm provider (the RDMA
+/// protocol over a software provider).
+const NETS: [(&str, &str); 2] = [("socket", "via NET/Socket"), ("ofi", "via NET/OFI")];
+
+fn perf(net: &str, np: usize, netns: &str, extra: &[&str]) {
+    let via = NETS.iter().find(|n| n.0 == net).unwrap().1;
     let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
         .args(["--np", &np.to_string(), "--netns", netns])
         .args(extra)
+        .env("OXCCL_NET", net)
+        .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
         .env("OXCCL_SOCKET_IFNAME", "cclt-br0") // the launcher's store, on the bridge
         .env("OXCCL_TIMEOUT", "120")
         .env("OXCCL_DEBUG", "INFO")
@@ -45,8 +53,8 @@ fn perf(np: usize, netns: &str, extra: &[&str]) {
         .expect("oxccl-perf");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "--np {np} --netns {netns} {extra:?}\n{stdout}\n{stderr}");
-    assert!(stderr.contains("via NET/Socket"), "inter-host pairs use TCP:\n{stderr}");
+    assert!(out.status.success(), "{net}: --np {np} --netns {netns} {extra:?}\n{stdout}\n{stderr}");
+    assert!(stderr.contains(via), "inter-host pairs go {via}:\n{stderr}");
     if np == netns.split(',').count() {
         assert!(!stderr.contains("via SHM"), "one rank per host: no shm:\n{stderr}");
     } else {
@@ -63,10 +71,73 @@ fn collectives_across_namespace_hosts() {
         "--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1",
     ];
     let big = ["--coll", "all", "-b", "4", "-e", "8M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"];
-    perf(2, "cclt-h1,cclt-h2", &all);
-    perf(4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);
-    perf(4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
-    perf(8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+    perf("socket", 2, "cclt-h1,cclt-h2", &all);
+    perf("socket", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);
+    perf("socket", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+    perf("socket", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+}
+
+/// The same suite over the RDMA protocol on libfabric (`OXCCL_NET=ofi`, provider
+/// `tcp;ofi_rxm`): every collective, type and op, one rank per host and two per host.
+#[test]
+#[ignore = "needs root, network namespaces and libfabric (run by .ci/run)"]
+fn collectives_over_libfabric_across_namespace_hosts() {
+    let _h = Hosts::up(4);
+    let all = [
+        "--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1",
+    ];
+    let big = ["--coll", "all", "-b", "4", "-e", "8M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"];
+    perf("ofi", 2, "cclt-h1,cclt-h2", &all);
+    perf("ofi", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);
+    perf("ofi", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+}
+
+/// A rank killed (SIGKILL) in the middle of a run over libfabric: the survivor fails with an
+/// error naming the dead rank, promptly, instead of hanging.
+#[test]
+#[ignore = "needs root, network namespaces and libfabric (run by .ci/run)"]
+fn killed_rank_over_libfabric_is_named() {
+    use std::time::{Duration, Instant};
+    let _h = Hosts::up(2);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+        .args(["--np", "2", "--netns", "cclt-h1,cclt-h2", "-s", "1M", "-n", "10000000", "-w", "0"])
+        .env("OXCCL_NET", "ofi")
+        .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
+        .env("OXCCL_SOCKET_IFNAME", "cclt-br0")
+        .env("OXCCL_TIMEOUT", "20")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let pids = Command::new("ip").args(["netns", "pids", "cclt-h2"]).output().unwrap();
+    let pids = String::from_utf8_lossy(&pids.stdout).to_string();
+    assert!(!pids.trim().is_empty(), "no rank process in cclt-h2");
+    for pid in pids.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(40) {
+            let _ = child.kill();
+            panic!("still running 40 s after the kill: a hang");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "the job must fail");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?} (the timeout is 20 s: detection, not the timeout)",
+        t.elapsed()
+    );
+    assert!(err.contains("rank 1"), "the error names the dead rank: {err}");
+    eprintln!("killed rank detected after {:?}: {}", t.elapsed(), err.lines().next().unwrap_or(""));
 }
 
 /// A namespace host's link goes down (or its packets are dropped by nftables) in the middle of a
@@ -81,7 +152,7 @@ fn link_failure_becomes_an_error_not_a_hang() {
         &["ip", "link", "set", "eth0", "down"],
         &["sh", "-c", "nft add table inet cclt && nft add chain inet cclt out '{ type filter hook output priority 0; }' && nft add rule inet cclt out ip daddr 10.213.0.1 drop"],
     ];
-    for fault in faults {
+    for (fault, (net, _)) in faults.iter().flat_map(|f| NETS.iter().map(move |n| (*f, *n))) {
         if fault[0] == "sh" && Command::new("nft").arg("--version").output().is_err() {
             continue;
         }
@@ -90,6 +161,8 @@ fn link_failure_becomes_an_error_not_a_hang() {
             Command::new("ip").args(["netns", "exec", "cclt-h2", "nft", "delete", "table", "inet", "cclt"]).output();
         let mut child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
             .args(["--np", "2", "--netns", "cclt-h1,cclt-h2", "-s", "1M", "-n", "10000000", "-w", "0"])
+            .env("OXCCL_NET", net)
+            .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
             .env("OXCCL_SOCKET_IFNAME", "cclt-br0")
             .env("OXCCL_TIMEOUT", "5")
             .stdout(std::process::Stdio::null())
@@ -106,16 +179,19 @@ fn link_failure_becomes_an_error_not_a_hang() {
             }
             if t.elapsed() > Duration::from_secs(30) {
                 let _ = child.kill();
-                panic!("{fault:?}: still running 30 s after the fault: a hang");
+                panic!("{net} {fault:?}: still running 30 s after the fault: a hang");
             }
             std::thread::sleep(Duration::from_millis(100));
         };
         let mut err = String::new();
         use std::io::Read;
         child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-        assert!(!status.success(), "{fault:?}: the job must fail");
-        assert!(t.elapsed() < Duration::from_secs(15), "{fault:?}: took {:?}", t.elapsed());
-        assert!(err.contains("timed out") || err.contains("unreachable") || err.contains("rank"), "{fault:?}: {err}");
-        eprintln!("{fault:?}: failed after {:?}: {}", t.elapsed(), err.lines().next().unwrap_or(""));
+        assert!(!status.success(), "{net} {fault:?}: the job must fail");
+        assert!(t.elapsed() < Duration::from_secs(15), "{net} {fault:?}: took {:?}", t.elapsed());
+        assert!(
+            err.contains("timed out") || err.contains("unreachable") || err.contains("rank"),
+            "{net} {fault:?}: {err}"
+        );
+        eprintln!("{net} {fault:?}: failed after {:?}: {}", t.elapsed(), err.lines().next().unwrap_or(""));
     }
 }

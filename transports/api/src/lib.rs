@@ -305,6 +305,16 @@ pub fn process_alive(pid: u32) -> bool {
     }
 }
 
+/// `Ok` while rank `peer`'s process `pid` (on this machine) is alive; otherwise the error every
+/// transport reports for a dead peer.
+pub fn check_alive(peer: usize, pid: u32) -> Result<()> {
+    if process_alive(pid) {
+        Ok(())
+    } else {
+        Err(Error::remote(format!("rank {peer} (pid {pid}) died: its process is gone")).with_peer(peer))
+    }
+}
+
 /// Fill a buffer with OS randomness (`/dev/urandom`).
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
     use std::io::Read;

@@ -439,6 +439,17 @@ impl Net {
         }
     }
 
+    /// A dead peer on this machine (another network namespace of it, or the same host) is seen
+    /// from its process; across machines a dead peer shows as an error completion of a write
+    /// to it or, for a receiver, as the communicator's bounded wait expiring.
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        let (Some(me), Some(p)) = (self.ctx.peers.get(self.ctx.rank), self.ctx.peers.get(peer)) else { return Ok(()) };
+        if p.machine == me.machine {
+            oxccl_transport::check_alive(peer, p.pid)?;
+        }
+        Ok(())
+    }
+
     /// What to poll to sleep, or `None` if completions are pending (progress first).
     fn arm(&self) -> Result<Option<WaitSource>> {
         let _st = self.st.lock().unwrap();
@@ -883,6 +894,9 @@ impl SendConn for RdmaSend {
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.net.arm()
     }
+    fn check_peer(&self) -> Result<()> {
+        self.net.check_peer(self.peer)
+    }
     fn disarm(&mut self) {}
     fn memory(&self) -> usize {
         self.slots * self.slot_bytes
@@ -968,6 +982,9 @@ impl RecvConn for RdmaRecv {
     }
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.net.arm()
+    }
+    fn check_peer(&self) -> Result<()> {
+        self.net.check_peer(self.peer)
     }
     fn disarm(&mut self) {}
     fn memory(&self) -> usize {

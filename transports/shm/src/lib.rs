@@ -20,7 +20,7 @@ mod segment;
 
 use oxccl_transport::wait::{ring_fd, Doorbell, WaitSource};
 use oxccl_transport::{
-    process_alive, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
+    check_alive, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
     HEADER_BYTES, PEER_ABORTED,
 };
 use segment::*;
@@ -143,14 +143,6 @@ impl Transport for ShmTransport {
 }
 
 /// A peer process that is gone (killed, crashed) closes nothing in shared memory: ask the kernel.
-fn check_alive(peer: usize, pid: u32) -> Result<()> {
-    if process_alive(pid) {
-        Ok(())
-    } else {
-        Err(Error::remote(format!("rank {peer} (pid {pid}) died: its process is gone")).with_peer(peer))
-    }
-}
-
 struct PendingShm {
     seg: Segment,
     fd: OwnedFd,
