@@ -3,6 +3,9 @@
 # this machine, interleaved (every config once per round, REPS rounds), then bench/report.py
 # writes bench/RESULTS.md and the SVG charts from the medians.
 # Usage: bench/compare.sh [REPS=5] [SETS="shm tcp"]      (root: installs Open MPI/MPICH, uses netns)
+# SETS may also name "ofi": oxccl's RDMA protocol over libfabric against oxccl's TCP and Open
+# MPI's ofi MTL and TCP BTL on 2 and 4 namespace hosts; run alone, it replaces only its section
+# of bench/RESULTS.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SHARED="${OXCCL_SHARED:-$ROOT/../shared}"
@@ -71,6 +74,14 @@ run() { # config name -> one run
     gloo-lo-*) "$PY" "$A/gloo_allreduce_bench.py" --nproc "$n" --sizes "$SIZES" ;;
     ideal-shm-2) "$OUT/ideal" 256 ;;
     oxccl-tcp-*) OXCCL_SOCKET_IFNAME=cclt-br0 oxperf --np "$n" --netns "$(hosts "$n")" ;;
+    oxccl-ofi-*) OXCCL_NET=ofi OXCCL_OFI_PROVIDER="tcp;ofi_rxm" OXCCL_SOCKET_IFNAME=cclt-br0 \
+      oxperf --np "$n" --netns "$(hosts "$n")" ;;
+    ompi-ofi-*)
+      # shellcheck disable=SC2046
+      PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=cclt-br0 \
+      mpirun.openmpi -x PMIX_MCA_ptl_tcp_remote_connections -x PMIX_MCA_ptl_tcp_if_include \
+        --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "tcp;ofi_rxm" --mca btl self \
+        --oversubscribe $(mpi_netns "$n") ;;
     ompi-tcp-*)
       # shellcheck disable=SC2046
       PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=cclt-br0 \
@@ -91,6 +102,9 @@ for s in $SETS; do
     shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 oxccl-rs-shm-2 ompi-rs-shm-2 oxccl-bc-shm-2 ompi-bc-shm-2 oxccl-shm-4 ompi-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8" ;;
     tcp) CONFIGS="$CONFIGS iperf-tcp-2 oxccl-tcp-2 ompi-tcp-2 gloo-tcp-2 oxccl-tcp-4 ompi-tcp-4 gloo-tcp-4"
          "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1 ;;
+    ofi) CONFIGS="$CONFIGS oxccl-ofi-2 oxccl-tcp-2 ompi-ofi-2 ompi-tcp-2 oxccl-ofi-4 oxccl-tcp-4 ompi-ofi-4 ompi-tcp-4"
+         command -v fi_info >/dev/null || apt-get install -y -qq libfabric-bin >/dev/null
+         [ "$NETNS_UP" = 1 ] || { "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1; } ;;
   esac
 done
 for rep in $(seq 1 "$REPS"); do

@@ -115,8 +115,35 @@ def svg(data, series, title, path):
     open(path, "w").write("\n".join(o))
 
 
+SECTION = re.compile(r"<!-- section:(\w+) -->.*?<!-- /section:\1 -->\n?", re.S)
+
+
+def sections(text):
+    """Marked sections of a RESULTS.md ({name: text}); each comes from its own run (a later,
+    narrower run of compare.sh, or hand-kept notes) and survives regeneration of the rest."""
+    return {m.group(1): m.group(0).rstrip("\n") for m in SECTION.finditer(text)}
+
+
+def net_section(data, machine, rounds):
+    """The RDMA protocol over libfabric against oxccl's TCP and Open MPI's ofi and tcp paths."""
+    md = ["<!-- section:ofi -->", "## RDMA protocol over libfabric (`OXCCL_NET=ofi`, provider `tcp;ofi_rxm`), network-namespace hosts", "",
+          f"From one run of `bench/compare.sh REPS ofi` ({rounds} interleaved rounds; medians): oxccl over libfabric,",
+          "oxccl's own TCP, Open MPI with `pml cm` + `mtl ofi` on the same provider, and Open MPI's TCP BTL.",
+          "The provider is libfabric's software emulation over TCP sockets, so this measures the protocol's",
+          "cost (a write, a NOTIFY and a CREDIT message per chunk, manual progress), not RDMA hardware.", "", machine]
+    for n in (2, 4):
+        if not data.get(f"oxccl-ofi-{n}"):
+            continue
+        md += [f"### {n} hosts", "", table(data, n, "ofi", [("oxccl TCP", f"oxccl-tcp-{n}"), ("Open MPI ofi", f"ompi-ofi-{n}"), ("Open MPI tcp", f"ompi-tcp-{n}")]), ""]
+    md.append("<!-- /section:ofi -->")
+    return "\n".join(md)
+
+
 def main():
     out, bench = sys.argv[1], sys.argv[2]
+    results = os.path.join(bench, "RESULTS.md")
+    old = open(results).read() if os.path.exists(results) else ""
+    kept = sections(old)
     data, extra = parse(out)
     rounds = max((len(v) for d in data.values() for v in d.values()), default=0)
     machine = open(os.path.join(out, "machine.txt")).read() if os.path.exists(os.path.join(out, "machine.txt")) else ""
@@ -126,6 +153,13 @@ def main():
           f"{rounds} rounds; cells are medians; float32 sum allreduce unless named; ratios are oxccl over the",
           "peer (for 8 B latency: the peer's time over oxccl's). Numbers from different runs of the script",
           "are never mixed. Machine:", "", machine]
+    if data.get("oxccl-ofi-2") and not data.get("oxccl-shm-2"):
+        # a network-only run: replace its section, keep the rest of RESULTS.md as it is
+        kept["ofi"] = net_section(data, machine, rounds)
+        text = SECTION.sub("", old).rstrip("\n") + "\n\n" + "\n\n".join(kept.values()) + "\n"
+        open(results, "w").write(text)
+        print(kept["ofi"])
+        return
     if extra.get("memcpy1"):
         md.append(f"memcpy bandwidth (1 thread, 256 MiB, read+write counted): median {statistics.median(extra['memcpy1']):.1f} GB/s\n")
     if data.get("oxccl-shm-2"):
@@ -162,10 +196,13 @@ def main():
                     big = med(data, "oxccl-tcp-2", 256 << 20, 1)
                     md.append(f"Raw single-stream TCP between the two hosts (iperf3): median {raw:.2f} GB/s; oxccl busbw at 256 MiB is "
                               f"{fmt(big)} GB/s = {ratio(big, raw)} of it.\n")
+    if data.get("oxccl-ofi-2"):
+        kept["ofi"] = net_section(data, machine, rounds)
     analysis = os.path.join(bench, "ANALYSIS.md")
     if os.path.exists(analysis):
         md += ["", open(analysis).read()]
-    open(os.path.join(bench, "RESULTS.md"), "w").write("\n".join(md) + "\n")
+    md += [""] + list(kept.values())
+    open(results, "w").write("\n".join(md) + "\n")
     print("\n".join(md))
 
 

@@ -751,7 +751,7 @@ fn open_net(
     cfg: &Config,
     several_hosts: bool,
 ) -> Result<Option<RdmaTransport>> {
-    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes };
+    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, ..Default::default() };
     let explicit = std::env::var_os("OXCCL_NET").or_else(|| std::env::var_os("NCCL_NET")).is_some();
     match NetChoice::from_env().map_err(|e| e.with_rank(rank))? {
         NetChoice::Socket if explicit => Ok(None),

@@ -40,10 +40,15 @@ impl Drop for Hosts {
 const NETS: [(&str, &str); 2] = [("socket", "via NET/Socket"), ("ofi", "via NET/OFI")];
 
 fn perf(net: &str, np: usize, netns: &str, extra: &[&str]) {
+    perf_env(net, &[], np, netns, extra)
+}
+
+fn perf_env(net: &str, envs: &[(&str, &str)], np: usize, netns: &str, extra: &[&str]) {
     let via = NETS.iter().find(|n| n.0 == net).unwrap().1;
     let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
         .args(["--np", &np.to_string(), "--netns", netns])
         .args(extra)
+        .envs(envs.iter().copied())
         .env("OXCCL_NET", net)
         .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
         .env("OXCCL_SOCKET_IFNAME", "cclt-br0") // the launcher's store, on the bridge
@@ -78,7 +83,8 @@ fn collectives_across_namespace_hosts() {
 }
 
 /// The same suite over the RDMA protocol on libfabric (`OXCCL_NET=ofi`, provider
-/// `tcp;ofi_rxm`): every collective, type and op, one rank per host and two per host.
+/// `tcp;ofi_rxm`): every collective, type and op, one rank per host and two per host, and with
+/// messages striped over two endpoints per rank.
 #[test]
 #[ignore = "needs root, network namespaces and libfabric (run by .ci/run)"]
 fn collectives_over_libfabric_across_namespace_hosts() {
@@ -90,6 +96,8 @@ fn collectives_over_libfabric_across_namespace_hosts() {
     perf("ofi", 2, "cclt-h1,cclt-h2", &all);
     perf("ofi", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);
     perf("ofi", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+    // messages striped over 2 endpoints per rank
+    perf_env("ofi", &[("OXCCL_NET_ENDPOINTS", "2")], 4, "cclt-h1,cclt-h2", &all);
 }
 
 /// A rank killed (SIGKILL) in the middle of a run over libfabric: the survivor fails with an

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define OXF_MAX_EPS 4
+
 static struct {
   void* lib;
   int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const struct fi_info*, struct fi_info**);
@@ -55,7 +57,8 @@ struct oxf_ctx {
   struct fid_domain* domain;
   struct fid_av* av;
   struct fid_cq* cq;
-  struct fid_ep* ep;
+  struct fid_ep* ep[OXF_MAX_EPS]; /* endpoints sharing one AV and one CQ (striping) */
+  int neps;
   int wait_fd;
   int virt_addr; /* remote addresses are virtual addresses (else offsets into the region) */
   int mr_local;  /* local buffers need a registration descriptor */
@@ -75,7 +78,8 @@ struct oxf_ctx {
 
 void oxf_destroy(struct oxf_ctx* c) {
   if (!c) return;
-  if (c->ep) fi_close(&c->ep->fid);
+  for (int i = 0; i < OXF_MAX_EPS; i++)
+    if (c->ep[i]) fi_close(&c->ep[i]->fid);
   if (c->av) fi_close(&c->av->fid);
   if (c->cq) fi_close(&c->cq->fid);
   if (c->domain) fi_close(&c->domain->fid);
@@ -84,10 +88,10 @@ void oxf_destroy(struct oxf_ctx* c) {
   free(c);
 }
 
-/* An RDM endpoint of `provider` (e.g. "tcp;ofi_rxm"; NULL: any) bound to `node` (a local IP or
- * NULL), with RMA write, messages, send-after-write ordering, and a CQ that has a file
- * descriptor to sleep on. */
-struct oxf_ctx* oxf_create(const char* provider, const char* node, char* err, size_t errlen) {
+/* `neps` RDM endpoints of `provider` (e.g. "tcp;ofi_rxm"; NULL: any) bound to `node` (a local
+ * IP or NULL), with RMA write, messages, send-after-write ordering, sharing one address vector
+ * and one CQ that has a file descriptor to sleep on. */
+struct oxf_ctx* oxf_create(const char* provider, const char* node, int neps, char* err, size_t errlen) {
   if (oxf_load(err, errlen)) return NULL;
   struct oxf_ctx* c = calloc(1, sizeof *c);
   struct fi_info* hints = L.dupinfo(NULL);
@@ -129,10 +133,23 @@ struct oxf_ctx* oxf_create(const char* provider, const char* node, char* err, si
   struct fi_av_attr av_attr = {0};
   av_attr.type = FI_AV_TABLE;
   TRY(fi_av_open(c->domain, &av_attr, &c->av, NULL), "fi_av_open");
-  TRY(fi_endpoint(c->domain, c->info, &c->ep, NULL), "fi_endpoint");
-  TRY(fi_ep_bind(c->ep, &c->av->fid, 0), "fi_ep_bind(av)");
-  TRY(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
-  TRY(fi_enable(c->ep), "fi_enable");
+  if (neps < 1 || neps > OXF_MAX_EPS) {
+    snprintf(err, errlen, "%d endpoints asked for (1..%d)", neps, OXF_MAX_EPS);
+    oxf_destroy(c);
+    return NULL;
+  }
+  if (neps > 1 && (c->info->domain_attr->mr_mode & FI_MR_ENDPOINT)) {
+    snprintf(err, errlen, "provider %s binds registrations to one endpoint: use one endpoint per rank", c->prov);
+    oxf_destroy(c);
+    return NULL;
+  }
+  for (int i = 0; i < neps; i++) {
+    TRY(fi_endpoint(c->domain, c->info, &c->ep[i], NULL), "fi_endpoint");
+    TRY(fi_ep_bind(c->ep[i], &c->av->fid, 0), "fi_ep_bind(av)");
+    TRY(fi_ep_bind(c->ep[i], &c->cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+    TRY(fi_enable(c->ep[i]), "fi_enable");
+  }
+  c->neps = neps;
   return c;
 }
 
@@ -141,7 +158,7 @@ const char* oxf_domain(struct oxf_ctx* c) { return c->domain_name; }
 int oxf_virt_addr(struct oxf_ctx* c) { return c->virt_addr; }
 int oxf_wait_fd(struct oxf_ctx* c) { return c->wait_fd; }
 
-int oxf_getname(struct oxf_ctx* c, void* buf, size_t* len) { return fi_getname(&c->ep->fid, buf, len); }
+int oxf_getname(struct oxf_ctx* c, int ep, void* buf, size_t* len) { return fi_getname(&c->ep[ep]->fid, buf, len); }
 
 int oxf_av_insert(struct oxf_ctx* c, const void* addr, uint64_t* out) {
   fi_addr_t a = FI_ADDR_UNSPEC;
@@ -160,7 +177,7 @@ int oxf_mr_reg(struct oxf_ctx* c, void* buf, size_t len, void** mr_out, void** d
   int r = fi_mr_reg(c->domain, buf, len, FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE, 0, want, 0, &mr, NULL);
   if (r) return r;
   if (c->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-    r = fi_mr_bind(mr, &c->ep->fid, 0);
+    r = fi_mr_bind(mr, &c->ep[0]->fid, 0);
     if (!r) r = fi_mr_enable(mr);
     if (r) {
       fi_close(&mr->fid);
@@ -178,15 +195,15 @@ void oxf_mr_close(void* mr) {
 }
 
 /* The data path: each returns 0, -FI_EAGAIN (retry after progress) or another negative error. */
-ssize_t oxf_write(struct oxf_ctx* c, const void* buf, size_t len, void* desc, uint64_t dest, uint64_t raddr, uint64_t key,
-                  void* ctx) {
-  return fi_write(c->ep, buf, len, desc, dest, raddr, key, ctx);
+ssize_t oxf_write(struct oxf_ctx* c, int ep, const void* buf, size_t len, void* desc, uint64_t dest, uint64_t raddr,
+                  uint64_t key, void* ctx) {
+  return fi_write(c->ep[ep], buf, len, desc, dest, raddr, key, ctx);
 }
-ssize_t oxf_send(struct oxf_ctx* c, const void* buf, size_t len, void* desc, uint64_t dest, void* ctx) {
-  return fi_send(c->ep, buf, len, desc, dest, ctx);
+ssize_t oxf_send(struct oxf_ctx* c, int ep, const void* buf, size_t len, void* desc, uint64_t dest, void* ctx) {
+  return fi_send(c->ep[ep], buf, len, desc, dest, ctx);
 }
-ssize_t oxf_recv(struct oxf_ctx* c, void* buf, size_t len, void* desc, void* ctx) {
-  return fi_recv(c->ep, buf, len, desc, FI_ADDR_UNSPEC, ctx);
+ssize_t oxf_recv(struct oxf_ctx* c, int ep, void* buf, size_t len, void* desc, void* ctx) {
+  return fi_recv(c->ep[ep], buf, len, desc, FI_ADDR_UNSPEC, ctx);
 }
 
 /* One completion, in a layout Rust declares too. */

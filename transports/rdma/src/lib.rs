@@ -70,8 +70,11 @@ pub trait Fabric: Send + Sync {
     fn provider(&self) -> &str;
     /// Device or domain name (`mlx5_0`, `lo`).
     fn device(&self) -> &str;
-    /// This endpoint's address, for peers.
-    fn address(&self) -> Result<Vec<u8>>;
+    /// Endpoints of this rank (messages are striped across them; they share one completion
+    /// queue).
+    fn endpoints(&self) -> usize;
+    /// Endpoint `ep`'s address, for peers.
+    fn address(&self, ep: usize) -> Result<Vec<u8>>;
     /// Make a peer's address usable as a destination.
     fn insert_peer(&self, addr: &[u8]) -> Result<u64>;
     /// Register memory for local use and remote writes.
@@ -88,6 +91,7 @@ pub trait Fabric: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     unsafe fn write(
         &self,
+        ep: usize,
         buf: *const u8,
         len: usize,
         desc: usize,
@@ -100,12 +104,12 @@ pub trait Fabric: Send + Sync {
     ///
     /// # Safety
     /// As for [`Fabric::write`].
-    unsafe fn send(&self, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool>;
+    unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool>;
     /// Post a receive buffer; `Ok(false)`: retry after progress.
     ///
     /// # Safety
     /// The buffer stays allocated until its completion.
-    unsafe fn post_recv(&self, buf: *mut u8, len: usize, desc: usize, token: u64) -> Result<bool>;
+    unsafe fn post_recv(&self, ep: usize, buf: *mut u8, len: usize, desc: usize, token: u64) -> Result<bool>;
     /// Drive progress and collect completions.
     fn poll(&self, out: &mut Vec<Completion>) -> Result<()>;
     /// The completion queue's file descriptor.
@@ -147,7 +151,9 @@ impl NetChoice {
     }
 }
 
-const MSG_BYTES: usize = 128;
+const MSG_BYTES: usize = 256;
+/// Where a HELLO's address list starts.
+const HELLO_ADDRS: usize = 60;
 const RX_BUFS: usize = 256;
 const TX_BUFS: usize = 256;
 const SLOT_HEADER: usize = 64;
@@ -191,10 +197,12 @@ impl Mem {
 #[derive(Default)]
 struct RecvSide {
     token: [u8; 16],
-    /// (sender's destination, sender's connection id) once HELLO arrived.
-    hello: Option<(u64, u32)>,
-    /// Messages notified so far.
-    arrived: u64,
+    /// (sender's destinations, one per sender endpoint; sender's connection id) once HELLO
+    /// arrived.
+    hello: Option<(Vec<u64>, u32)>,
+    /// Per slot: 1 + the index of the message notified in it (NOTIFYs of messages striped over
+    /// several endpoints may arrive out of order).
+    notified: Vec<u64>,
     aborted: bool,
 }
 
@@ -216,9 +224,9 @@ enum Outgoing {
     /// Re-post receive buffer `i`.
     Recv(usize),
     /// A control message.
-    Msg { dest: u64, len: usize, bytes: [u8; MSG_BYTES] },
+    Msg { ep: usize, dest: u64, bytes: Vec<u8> },
     /// An RDMA write of a staging slot (the slot stays busy until its completion).
-    Write { src: usize, len: usize, desc: usize, dest: u64, raddr: u64, key: u64, token: u64 },
+    Write { ep: usize, src: usize, len: usize, desc: usize, dest: u64, raddr: u64, key: u64, token: u64 },
 }
 
 struct NetState {
@@ -243,7 +251,7 @@ struct Net {
 
 impl Net {
     fn open(fab: Box<dyn Fabric>, ctx: TransportCtx) -> Result<Arc<Net>> {
-        let mut rx = Mem::new(MSG_BYTES * RX_BUFS);
+        let mut rx = Mem::new(MSG_BYTES * RX_BUFS * fab.endpoints());
         let mut tx = Mem::new(MSG_BYTES * TX_BUFS);
         // SAFETY: both pools live in NetState, inside the Net that owns the fabric, and are
         // deregistered in Net's Drop before they are freed.
@@ -266,7 +274,7 @@ impl Net {
         });
         {
             let mut st = net.st.lock().unwrap();
-            for i in 0..RX_BUFS {
+            for i in 0..RX_BUFS * net.fab.endpoints() {
                 net.post_rx(&mut st, i)?;
             }
         }
@@ -283,40 +291,47 @@ impl Net {
     }
 
     /// Queue a small control message to `dest` and post what the provider takes now.
-    fn send_msg(&self, st: &mut NetState, dest: u64, msg: &[u8]) -> Result<()> {
-        let mut bytes = [0u8; MSG_BYTES];
-        bytes[..msg.len()].copy_from_slice(msg);
-        st.outbox.push_back(Outgoing::Msg { dest, len: msg.len(), bytes });
+    fn send_msg(&self, st: &mut NetState, ep: usize, dest: u64, msg: &[u8]) -> Result<()> {
+        st.outbox.push_back(Outgoing::Msg { ep, dest, bytes: msg.to_vec() });
         self.flush(st)
     }
 
     /// Post queued work in order until the provider says EAGAIN (or no message buffer is free).
     fn flush(&self, st: &mut NetState) -> Result<()> {
         while let Some(item) = st.outbox.front() {
-            let posted = match *item {
-                Outgoing::Recv(i) => {
+            let posted = match item {
+                &Outgoing::Recv(i) => {
                     let p = st.rx.ptr();
                     // SAFETY: buffer i of the pool, MSG_BYTES long; the pool outlives the
                     // endpoint's use (deregistered in Net's Drop).
-                    unsafe { self.fab.post_recv(p.add(i * MSG_BYTES), MSG_BYTES, st.rx_region.desc, K_RX | i as u64)? }
+                    unsafe {
+                        self.fab.post_recv(
+                            i / RX_BUFS,
+                            p.add(i * MSG_BYTES),
+                            MSG_BYTES,
+                            st.rx_region.desc,
+                            K_RX | i as u64,
+                        )?
+                    }
                 }
-                Outgoing::Msg { dest, len, bytes } => {
+                Outgoing::Msg { ep, dest, bytes } => {
                     let Some(i) = st.tx_free.pop() else { return Ok(()) };
-                    st.tx.bytes_mut()[i * MSG_BYTES..i * MSG_BYTES + len].copy_from_slice(&bytes[..len]);
+                    let len = bytes.len();
+                    st.tx.bytes_mut()[i * MSG_BYTES..i * MSG_BYTES + len].copy_from_slice(bytes);
                     let p = st.tx.ptr();
                     // SAFETY: pool buffer i stays reserved (not in tx_free) until its completion.
                     let ok = unsafe {
-                        self.fab.send(p.add(i * MSG_BYTES), len, st.tx_region.desc, dest, K_TXMSG | i as u64)?
+                        self.fab.send(*ep, p.add(i * MSG_BYTES), len, st.tx_region.desc, *dest, K_TXMSG | i as u64)?
                     };
                     if !ok {
                         st.tx_free.push(i);
                     }
                     ok
                 }
-                Outgoing::Write { src, len, desc, dest, raddr, key, token } => {
+                &Outgoing::Write { ep, src, len, desc, dest, raddr, key, token } => {
                     // SAFETY: a staging slot marked busy until this write's completion; its ring
                     // is deregistered and freed only after the busy flags cleared.
-                    unsafe { self.fab.write(src as *const u8, len, desc, dest, raddr, key, token)? }
+                    unsafe { self.fab.write(ep, src as *const u8, len, desc, dest, raddr, key, token)? }
                 }
             };
             if !posted {
@@ -398,27 +413,27 @@ impl Net {
         match m[0] {
             T_HELLO => {
                 let Some(r) = st.recvs.get_mut(&id) else { return };
-                if r.hello.is_some() || m.len() < 62 {
+                if r.hello.is_some() || m.len() < HELLO_ADDRS + 2 {
                     return;
                 }
                 let sender_id = u32::from_le_bytes(m[8..12].try_into().unwrap());
                 let token: [u8; 16] = m[12..28].try_into().unwrap();
-                let n = m[60] as usize;
                 if token != r.token
                     || !verify_proof(&self.ctx.secret, &hello_context(self.ctx.comm_id, &token), &m[28..60])
-                    || m.len() < 61 + n
                 {
                     tracing::warn!("dropped an RDMA hello with a bad proof for connection {id}");
                     return;
                 }
-                match self.fab.insert_peer(&m[61..61 + n]) {
-                    Ok(dest) => r.hello = Some((dest, sender_id)),
+                let Some((addrs, _)) = decode_addrs(&m[HELLO_ADDRS..]) else { return };
+                match addrs.iter().map(|a| self.fab.insert_peer(a)).collect::<Result<Vec<u64>>>() {
+                    Ok(dests) => r.hello = Some((dests, sender_id)),
                     Err(e) => tracing::warn!("dropped an RDMA hello: {e}"),
                 }
             }
             T_NOTIFY => {
                 if let Some(r) = st.recvs.get_mut(&id).filter(|r| r.hello.is_some()) {
-                    r.arrived = r.arrived.max(v + 1);
+                    let slots = r.notified.len() as u64;
+                    r.notified[(v % slots) as usize] = v + 1;
                 }
             }
             T_CREDIT => {
@@ -465,6 +480,39 @@ impl Drop for Net {
     }
 }
 
+/// A list of endpoint addresses: a count, then each address as a length byte and its bytes.
+fn encode_addrs(addrs: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = vec![addrs.len() as u8];
+    for a in addrs {
+        b.push(a.len() as u8);
+        b.extend_from_slice(a);
+    }
+    b
+}
+
+/// Decode an address list; `None` if malformed (no address, too many, an empty one,
+/// truncation). Returns the list and the bytes it took.
+fn decode_addrs(b: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
+    let n = *b.first()? as usize;
+    if n == 0 || n > MAX_ENDPOINTS {
+        return None;
+    }
+    let mut at = 1;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = *b.get(at)? as usize;
+        if len == 0 {
+            return None;
+        }
+        out.push(b.get(at + 1..at + 1 + len)?.to_vec());
+        at += 1 + len;
+    }
+    Some((out, at))
+}
+
+/// Most endpoints per rank (`OXCCL_NET_ENDPOINTS`).
+pub const MAX_ENDPOINTS: usize = 4;
+
 fn hello_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
     let mut c = b"oxccl-rdma-hello".to_vec();
     c.extend_from_slice(&comm.to_le_bytes());
@@ -479,12 +527,26 @@ pub struct RdmaConfig {
     pub slots: usize,
     /// Largest payload of one message.
     pub max_message: usize,
+    /// Endpoints per rank; a connection's messages are striped across them (NCCL's
+    /// `NCCL_IB_QPS_PER_CONNECTION`; `OXCCL_NET_ENDPOINTS`), 1..=[`MAX_ENDPOINTS`].
+    pub endpoints: usize,
 }
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        RdmaConfig { slots: 8, max_message: 512 << 10 }
+        RdmaConfig { slots: 8, max_message: 512 << 10, endpoints: endpoints_from_env() }
     }
+}
+
+/// `OXCCL_NET_ENDPOINTS` (or `NCCL_IB_QPS_PER_CONNECTION`), clamped to 1..=[`MAX_ENDPOINTS`];
+/// default 1.
+pub fn endpoints_from_env() -> usize {
+    std::env::var("OXCCL_NET_ENDPOINTS")
+        .or_else(|_| std::env::var("NCCL_IB_QPS_PER_CONNECTION"))
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, MAX_ENDPOINTS)
 }
 
 /// The RDMA transport of one rank.
@@ -497,7 +559,7 @@ impl RdmaTransport {
     /// Open the network `choice` for this rank, bound to `ip`.
     pub fn open(choice: &NetChoice, ctx: TransportCtx, ip: std::net::IpAddr, cfg: RdmaConfig) -> Result<RdmaTransport> {
         let fab: Box<dyn Fabric> = match choice {
-            NetChoice::Ofi(provider) => Box::new(open_ofi(provider, &ip)?),
+            NetChoice::Ofi(provider) => open_ofi(provider, &ip, cfg.endpoints)?,
             NetChoice::Ib => return Err(verbs::unavailable_data_path()),
             NetChoice::Socket => return Err(Error::invalid_argument("the socket network is oxccl's TCP transport")),
         };
@@ -522,7 +584,7 @@ impl RdmaTransport {
 pub fn hardware_provider_available() -> bool {
     static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *P.get_or_init(|| {
-        open_ofi("", &std::net::IpAddr::from([0, 0, 0, 0]))
+        open_ofi("", &std::net::IpAddr::from([0, 0, 0, 0]), 1)
             .map(|f| !is_software_provider(f.provider()))
             .unwrap_or(false)
     })
@@ -532,65 +594,24 @@ fn is_software_provider(p: &str) -> bool {
     p.split(';').next().is_some_and(|core| matches!(core, "tcp" | "sockets" | "udp" | "shm" | "net"))
 }
 
-#[cfg(oxccl_ofi)]
-fn open_ofi(provider: &str, ip: &std::net::IpAddr) -> Result<ofi::Ofi> {
+/// The libfabric backend (`Unavailable` in builds without libfabric's headers).
+fn open_ofi(provider: &str, ip: &std::net::IpAddr, endpoints: usize) -> Result<Box<dyn Fabric>> {
     let node = (!ip.is_unspecified()).then(|| ip.to_string());
-    ofi::Ofi::open(provider, node.as_deref())
-}
-
-#[cfg(not(oxccl_ofi))]
-fn open_ofi(provider: &str, ip: &std::net::IpAddr) -> Result<NoFabric> {
-    ofi::Ofi::open(provider, Some(&ip.to_string())).map(|_| NoFabric)
-}
-
-/// Stands in for the libfabric backend in builds without its headers (never constructed).
-#[cfg(not(oxccl_ofi))]
-struct NoFabric;
-
-#[cfg(not(oxccl_ofi))]
-#[allow(clippy::undocumented_unsafe_blocks)]
-impl Fabric for NoFabric {
-    fn provider(&self) -> &str {
-        unreachable!()
-    }
-    fn device(&self) -> &str {
-        unreachable!()
-    }
-    fn address(&self) -> Result<Vec<u8>> {
-        unreachable!()
-    }
-    fn insert_peer(&self, _: &[u8]) -> Result<u64> {
-        unreachable!()
-    }
-    unsafe fn register(&self, _: *mut u8, _: usize) -> Result<Region> {
-        unreachable!()
-    }
-    fn deregister(&self, _: &Region) {}
-    unsafe fn write(&self, _: *const u8, _: usize, _: usize, _: u64, _: u64, _: u64, _: u64) -> Result<bool> {
-        unreachable!()
-    }
-    unsafe fn send(&self, _: *const u8, _: usize, _: usize, _: u64, _: u64) -> Result<bool> {
-        unreachable!()
-    }
-    unsafe fn post_recv(&self, _: *mut u8, _: usize, _: usize, _: u64) -> Result<bool> {
-        unreachable!()
-    }
-    fn poll(&self, _: &mut Vec<Completion>) -> Result<()> {
-        unreachable!()
-    }
-    fn wait_fd(&self) -> i32 {
-        -1
-    }
-    fn try_wait(&self) -> bool {
-        false
+    let ofi = ofi::Ofi::open(provider, node.as_deref(), endpoints)?;
+    #[cfg(oxccl_ofi)]
+    return Ok(Box::new(ofi));
+    #[cfg(not(oxccl_ofi))]
+    {
+        drop(ofi);
+        Err(Error::internal("libfabric opened in a build without its backend"))
     }
 }
 
 /// The setup blob: what the sender needs to reach the receiver's ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blob {
-    /// Receiver's endpoint address.
-    pub addr: Vec<u8>,
+    /// Receiver's endpoint addresses (one per endpoint).
+    pub addrs: Vec<Vec<u8>>,
     /// Receiver's connection id.
     pub id: u32,
     /// Remote address of the ring.
@@ -606,9 +627,9 @@ pub struct Blob {
 }
 
 impl Blob {
-    /// Encode.
+    /// Encode: fixed fields, then the address list.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(64 + self.addr.len());
+        let mut b = Vec::with_capacity(64);
         b.extend_from_slice(&BLOB_MAGIC.to_le_bytes());
         b.extend_from_slice(&self.id.to_le_bytes());
         b.extend_from_slice(&self.raddr.to_le_bytes());
@@ -616,12 +637,12 @@ impl Blob {
         b.extend_from_slice(&self.slots.to_le_bytes());
         b.extend_from_slice(&self.slot_bytes.to_le_bytes());
         b.extend_from_slice(&self.token);
-        b.push(self.addr.len() as u8);
-        b.extend_from_slice(&self.addr);
+        b.extend_from_slice(&encode_addrs(&self.addrs));
         b
     }
     /// Decode, refusing anything malformed: wrong magic, truncation, trailing bytes, zero or
-    /// absurd ring shapes, an address longer than a control message can carry.
+    /// absurd ring shapes, an address list that is empty, too long or longer than a HELLO can
+    /// carry back.
     pub fn decode(b: &[u8]) -> Result<Blob> {
         let bad = |why: &str| Error::remote(format!("malformed RDMA setup blob: {why}"));
         if b.len() < 50 {
@@ -632,12 +653,12 @@ impl Blob {
         if u32_at(0) != BLOB_MAGIC {
             return Err(bad("bad magic"));
         }
-        let n = b[48] as usize;
-        if n == 0 || n > MSG_BYTES - 61 {
-            return Err(bad("address length out of range"));
+        let (addrs, used) = decode_addrs(&b[48..]).ok_or_else(|| bad("bad address list"))?;
+        if 48 + used != b.len() {
+            return Err(bad("length does not match the address list"));
         }
-        if b.len() != 49 + n {
-            return Err(bad("length does not match the address"));
+        if used > MSG_BYTES - HELLO_ADDRS {
+            return Err(bad("address list too long"));
         }
         let (slots, slot_bytes) = (u32_at(24), u32_at(28));
         if slots == 0 || slots > 4096 || slot_bytes as usize <= SLOT_HEADER || slot_bytes > 1 << 30 {
@@ -650,9 +671,14 @@ impl Blob {
             slots,
             slot_bytes,
             token: b[32..48].try_into().unwrap(),
-            addr: b[49..].to_vec(),
+            addrs,
         })
     }
+}
+
+/// This rank's endpoint addresses.
+fn addresses(fab: &dyn Fabric) -> Result<Vec<Vec<u8>>> {
+    (0..fab.endpoints()).map(|e| fab.address(e)).collect()
 }
 
 struct RdmaPending {
@@ -684,11 +710,11 @@ impl Transport for RdmaTransport {
             let mut st = self.net.st.lock().unwrap();
             let id = st.next_id;
             st.next_id += 1;
-            st.recvs.insert(id, RecvSide { token, ..Default::default() });
+            st.recvs.insert(id, RecvSide { token, notified: vec![0; self.cfg.slots], ..Default::default() });
             id
         };
         let blob = Blob {
-            addr: self.net.fab.address()?,
+            addrs: addresses(self.net.fab.as_ref())?,
             id,
             raddr: region.remote_base,
             key: region.key,
@@ -710,32 +736,36 @@ impl Transport for RdmaTransport {
 
     fn connect_send(&self, peer: usize, blob: &[u8], _deadline: Instant) -> Result<Box<dyn SendConn>> {
         let b = Blob::decode(blob).map_err(|e| e.with_peer(peer))?;
-        let dest = self.net.fab.insert_peer(&b.addr).map_err(|e| e.with_peer(peer))?;
+        let dests: Vec<u64> = b
+            .addrs
+            .iter()
+            .map(|a| self.net.fab.insert_peer(a))
+            .collect::<Result<_>>()
+            .map_err(|e| e.with_peer(peer))?;
         let slots = b.slots as usize;
         let slot_bytes = b.slot_bytes as usize;
         let mut ring = Mem::new(slot_bytes * slots);
         // SAFETY: as in setup_recv: deregistered by the sending half's Drop.
         let region = unsafe { self.net.fab.register(ring.ptr(), ring.len())? };
-        let my_addr = self.net.fab.address()?;
+        let my_addrs = encode_addrs(&addresses(self.net.fab.as_ref())?);
         let mut st = self.net.st.lock().unwrap();
         let id = st.next_id;
         st.next_id += 1;
         st.sends.insert(id, SendSide { peer, busy: vec![false; slots], ..Default::default() });
-        let mut hello = vec![0u8; 61 + my_addr.len()];
+        let mut hello = vec![0u8; HELLO_ADDRS + my_addrs.len()];
         hello[0] = T_HELLO;
         hello[4..8].copy_from_slice(&b.id.to_le_bytes());
         hello[8..12].copy_from_slice(&id.to_le_bytes());
         hello[12..28].copy_from_slice(&b.token);
         hello[28..60].copy_from_slice(&proof(&self.ctx_secret(), &hello_context(self.net.ctx.comm_id, &b.token)));
-        hello[60] = my_addr.len() as u8;
-        hello[61..].copy_from_slice(&my_addr);
-        self.net.send_msg(&mut st, dest, &hello).map_err(|e| e.with_peer(peer))?;
+        hello[HELLO_ADDRS..].copy_from_slice(&my_addrs);
+        self.net.send_msg(&mut st, 0, dests[0], &hello).map_err(|e| e.with_peer(peer))?;
         drop(st);
         Ok(Box::new(RdmaSend {
             net: self.net.clone(),
             id,
             peer,
-            dest,
+            dests,
             remote_id: b.id,
             raddr: b.raddr,
             key: b.key,
@@ -757,13 +787,13 @@ impl PendingRecv for RdmaPending {
     fn accept(mut self: Box<Self>, deadline: Instant) -> Result<Box<dyn RecvConn>> {
         loop {
             self.net.progress().map_err(|e| e.with_peer(self.peer))?;
-            let hello = self.net.st.lock().unwrap().recvs.get(&self.id).and_then(|r| r.hello);
-            if let Some((dest, sender_id)) = hello {
+            let hello = self.net.st.lock().unwrap().recvs.get(&self.id).and_then(|r| r.hello.clone());
+            if let Some((dests, sender_id)) = hello {
                 return Ok(Box::new(RdmaRecv {
                     net: self.net.clone(),
                     id: self.id,
                     peer: self.peer,
-                    dest,
+                    dest: dests[0],
                     sender_id,
                     ring: self.ring.take(),
                     slots: self.slots,
@@ -803,7 +833,8 @@ struct RdmaSend {
     net: Arc<Net>,
     id: u32,
     peer: usize,
-    dest: u64,
+    /// The receiver's endpoints.
+    dests: Vec<u64>,
     remote_id: u32,
     raddr: u64,
     key: u64,
@@ -863,12 +894,17 @@ impl SendConn for RdmaSend {
         let mut st = self.net.st.lock().unwrap();
         st.sends.get_mut(&self.id).unwrap().busy[slot] = true;
         let token = K_WRITE | ((self.id as u64) << 24) | slot as u64;
+        // striped: message k goes from local endpoint k % L to remote endpoint k % R, its write
+        // and its NOTIFY on the same pair (send-after-write ordering holds per endpoint pair)
+        let ep = (self.posted % self.net.fab.endpoints() as u64) as usize;
+        let dest = self.dests[(self.posted % self.dests.len() as u64) as usize];
         // the staging slot stays untouched until its write completes (busy flag)
         st.outbox.push_back(Outgoing::Write {
+            ep,
             src: src as usize,
             len,
             desc,
-            dest: self.dest,
+            dest,
             raddr: self.raddr + (slot * sb) as u64,
             key: self.key,
             token,
@@ -877,7 +913,7 @@ impl SendConn for RdmaSend {
         m[0] = T_NOTIFY;
         m[4..8].copy_from_slice(&self.remote_id.to_le_bytes());
         m[8..16].copy_from_slice(&self.posted.to_le_bytes());
-        self.net.send_msg(&mut st, self.dest, &m).map_err(|e| e.with_peer(self.peer))?;
+        self.net.send_msg(&mut st, ep, dest, &m).map_err(|e| e.with_peer(self.peer))?;
         self.posted += 1;
         Ok(())
     }
@@ -906,7 +942,7 @@ impl SendConn for RdmaSend {
         m[0] = T_ABORT;
         m[4..8].copy_from_slice(&self.remote_id.to_le_bytes());
         let mut st = self.net.st.lock().unwrap();
-        let _ = self.net.send_msg(&mut st, self.dest, &m);
+        let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m);
     }
 }
 
@@ -946,16 +982,23 @@ impl RecvConn for RdmaRecv {
     fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
         let ready = {
             let mut st = self.net.st.lock().unwrap();
-            let arrived = |st: &NetState| st.recvs.get(&self.id).map(|r| (r.arrived, r.aborted)).unwrap_or((0, true));
-            let (mut n, mut aborted) = arrived(&st);
-            if n <= self.next {
+            // message `next` is in place once its NOTIFY arrived (slot `next % slots` holds it)
+            let (next, slots) = (self.next, self.slots as u64);
+            let state = |st: &NetState| {
+                st.recvs
+                    .get(&self.id)
+                    .map(|r| (r.notified[(next % slots) as usize] == next + 1, r.aborted))
+                    .unwrap_or((false, true))
+            };
+            let (mut here, mut aborted) = state(&st);
+            if !here {
                 self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
-                (n, aborted) = arrived(&st);
+                (here, aborted) = state(&st);
             }
-            if n <= self.next && aborted {
+            if !here && aborted {
                 return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer));
             }
-            n > self.next
+            here
         };
         if !ready {
             return Ok(None);
@@ -978,7 +1021,7 @@ impl RecvConn for RdmaRecv {
         m[4..8].copy_from_slice(&self.sender_id.to_le_bytes());
         m[8..16].copy_from_slice(&self.next.to_le_bytes());
         let mut st = self.net.st.lock().unwrap();
-        self.net.send_msg(&mut st, self.dest, &m).map_err(|e| e.with_peer(self.peer))
+        self.net.send_msg(&mut st, 0, self.dest, &m).map_err(|e| e.with_peer(self.peer))
     }
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.net.arm()
@@ -996,7 +1039,7 @@ impl RecvConn for RdmaRecv {
         m[4..8].copy_from_slice(&self.sender_id.to_le_bytes());
         m[16] = 1;
         let mut st = self.net.st.lock().unwrap();
-        let _ = self.net.send_msg(&mut st, self.dest, &m);
+        let _ = self.net.send_msg(&mut st, 0, self.dest, &m);
     }
 }
 
@@ -1018,9 +1061,19 @@ mod tests {
         TransportCtx { rank, nranks: 2, comm_id: 77, secret: [5; 32], peers: vec![] }
     }
 
+    /// The provider under test: `OXCCL_TEST_PROVIDER` (hw-check.sh sets a hardware one),
+    /// default libfabric's TCP emulation.
+    fn provider() -> String {
+        std::env::var("OXCCL_TEST_PROVIDER").unwrap_or_else(|_| "tcp;ofi_rxm".into())
+    }
+
     fn open(rank: usize, slots: usize, max: usize) -> Option<RdmaTransport> {
-        let cfg = RdmaConfig { slots, max_message: max };
-        match RdmaTransport::open(&NetChoice::Ofi("tcp;ofi_rxm".into()), ctx(rank), "127.0.0.1".parse().unwrap(), cfg) {
+        open_eps(rank, slots, max, 1)
+    }
+
+    fn open_eps(rank: usize, slots: usize, max: usize, endpoints: usize) -> Option<RdmaTransport> {
+        let cfg = RdmaConfig { slots, max_message: max, endpoints };
+        match RdmaTransport::open(&NetChoice::Ofi(provider()), ctx(rank), "127.0.0.1".parse().unwrap(), cfg) {
             Ok(t) => Some(t),
             Err(e) if e.kind == ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
                 eprintln!("skipped: {e}");
@@ -1056,7 +1109,22 @@ mod tests {
     #[test]
     fn messages_cross_in_order_with_credits() {
         let (Some(a), Some(b)) = (open(0, 4, 4096), open(1, 4, 4096)) else { return };
-        let (mut s, mut r) = connect(&a, &b);
+        stream(&a, &b);
+    }
+
+    /// Striped over several endpoints, with a different count on each side (2 → 3): messages
+    /// still arrive whole and in order.
+    #[test]
+    fn striped_messages_arrive_in_order() {
+        let (Some(a), Some(b)) = (open_eps(0, 4, 4096, 2), open_eps(1, 4, 4096, 3)) else { return };
+        stream(&a, &b);
+        let (Some(c), Some(d)) = (open_eps(0, 3, 512, 4), open_eps(1, 3, 512, 1)) else { return };
+        stream(&c, &d);
+    }
+
+    fn stream(a: &RdmaTransport, b: &RdmaTransport) {
+        let (mut s, mut r) = connect(a, b);
+        let max = s.max_message();
         assert!(r.peek().unwrap().is_none());
         let total = 64u64;
         let mut sent = 0u64;
@@ -1066,7 +1134,7 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(20), "stuck at sent {sent} got {got}");
             if sent < total {
                 if let Some(slot) = s.reserve().unwrap() {
-                    let len = (sent as usize * 61) % 4097;
+                    let len = (sent as usize * 61) % (max + 1);
                     for (i, b) in slot[..len].iter_mut().enumerate() {
                         *b = (i as u64 + sent) as u8;
                     }
@@ -1077,7 +1145,7 @@ mod tests {
             s.progress().unwrap();
             if let Some((h, p)) = r.peek().unwrap() {
                 assert_eq!(h.seq, got);
-                assert_eq!(p.len(), (got as usize * 61) % 4097);
+                assert_eq!(p.len(), (got as usize * 61) % (max + 1));
                 assert!(p.iter().enumerate().all(|(i, b)| *b == (i as u64 + got) as u8), "payload {got}");
                 r.consume().unwrap();
                 got += 1;
@@ -1101,9 +1169,8 @@ mod tests {
         let mut stranger_ctx = ctx(0);
         stranger_ctx.secret = [6; 32];
         let stranger = RdmaTransport {
-            net: Net::open(Box::new(open_ofi("tcp;ofi_rxm", &"127.0.0.1".parse().unwrap()).unwrap()), stranger_ctx)
-                .unwrap(),
-            cfg: RdmaConfig { slots: 2, max_message: 256 },
+            net: Net::open(open_ofi(&provider(), &"127.0.0.1".parse().unwrap(), 1).unwrap(), stranger_ctx).unwrap(),
+            cfg: RdmaConfig { slots: 2, max_message: 256, endpoints: 1 },
         };
         let (pending, blob) = b.setup_recv(0).unwrap();
         let _s = stranger.connect_send(1, &blob, Instant::now() + Duration::from_secs(2)).unwrap();
@@ -1134,7 +1201,7 @@ mod tests {
     #[test]
     fn blob_decoder_survives_random_and_mutated_input() {
         let good = Blob {
-            addr: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            addrs: vec![vec![1, 2, 3, 4, 5, 6, 7, 8], vec![9; 16]],
             id: 3,
             raddr: 4096,
             key: 9,
@@ -1167,7 +1234,9 @@ mod tests {
             };
             if let Ok(x) = Blob::decode(&b) {
                 assert!(x.slots > 0 && x.slots <= 4096 && x.slot_bytes as usize > SLOT_HEADER);
-                assert!(!x.addr.is_empty() && x.addr.len() <= MSG_BYTES - 61);
+                assert!(!x.addrs.is_empty() && x.addrs.len() <= MAX_ENDPOINTS);
+                assert!(x.addrs.iter().all(|a| !a.is_empty()));
+                assert!(encode_addrs(&x.addrs).len() <= MSG_BYTES - HELLO_ADDRS);
                 assert_eq!(Blob::decode(&x.encode()).unwrap(), x);
                 accepted += 1;
             }

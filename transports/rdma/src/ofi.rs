@@ -20,15 +20,20 @@ mod sys {
     }
 
     extern "C" {
-        pub fn oxf_create(provider: *const c_char, node: *const c_char, err: *mut c_char, errlen: usize)
-            -> *mut c_void;
+        pub fn oxf_create(
+            provider: *const c_char,
+            node: *const c_char,
+            neps: c_int,
+            err: *mut c_char,
+            errlen: usize,
+        ) -> *mut c_void;
         pub fn oxf_destroy(c: *mut c_void);
         pub fn oxf_strerror(e: c_int) -> *const c_char;
         pub fn oxf_provider(c: *mut c_void) -> *const c_char;
         pub fn oxf_domain(c: *mut c_void) -> *const c_char;
         pub fn oxf_virt_addr(c: *mut c_void) -> c_int;
         pub fn oxf_wait_fd(c: *mut c_void) -> c_int;
-        pub fn oxf_getname(c: *mut c_void, buf: *mut c_void, len: *mut usize) -> c_int;
+        pub fn oxf_getname(c: *mut c_void, ep: c_int, buf: *mut c_void, len: *mut usize) -> c_int;
         pub fn oxf_av_insert(c: *mut c_void, addr: *const c_void, out: *mut u64) -> c_int;
         pub fn oxf_mr_reg(
             c: *mut c_void,
@@ -41,6 +46,7 @@ mod sys {
         pub fn oxf_mr_close(mr: *mut c_void);
         pub fn oxf_write(
             c: *mut c_void,
+            ep: c_int,
             buf: *const c_void,
             len: usize,
             desc: *mut c_void,
@@ -51,13 +57,21 @@ mod sys {
         ) -> isize;
         pub fn oxf_send(
             c: *mut c_void,
+            ep: c_int,
             buf: *const c_void,
             len: usize,
             desc: *mut c_void,
             dest: u64,
             ctx: *mut c_void,
         ) -> isize;
-        pub fn oxf_recv(c: *mut c_void, buf: *mut c_void, len: usize, desc: *mut c_void, ctx: *mut c_void) -> isize;
+        pub fn oxf_recv(
+            c: *mut c_void,
+            ep: c_int,
+            buf: *mut c_void,
+            len: usize,
+            desc: *mut c_void,
+            ctx: *mut c_void,
+        ) -> isize;
         pub fn oxf_cq_read(c: *mut c_void, out: *mut Cqe, n: usize) -> isize;
         pub fn oxf_trywait(c: *mut c_void) -> c_int;
         pub fn oxf_eagain() -> c_int;
@@ -72,6 +86,7 @@ pub struct Ofi {
     domain: String,
     virt_addr: bool,
     wait_fd: i32,
+    endpoints: usize,
 }
 
 // SAFETY: the endpoint is opened with FI_THREAD_SAFE; the context pointer is only freed by Drop.
@@ -92,10 +107,10 @@ impl Ofi {
     /// Open an RDM endpoint of `provider` (NULL-like empty: any) bound to the local address
     /// `node`. `Unavailable` when libfabric (or its headers at build time) is missing or no
     /// provider offers RDM with RMA.
-    pub fn open(provider: &str, node: Option<&str>) -> Result<Ofi> {
+    pub fn open(provider: &str, node: Option<&str>, endpoints: usize) -> Result<Ofi> {
         #[cfg(not(oxccl_ofi))]
         {
-            let _ = (provider, node, CString::new(""));
+            let _ = (provider, node, endpoints, CString::new(""));
             Err(Error::new(
                 ErrorKind::Unavailable,
                 "oxccl was built without libfabric's headers (install libfabric-dev and rebuild)",
@@ -111,6 +126,7 @@ impl Ofi {
                 sys::oxf_create(
                     if provider.is_empty() { std::ptr::null() } else { prov.as_ptr() },
                     node_c.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
+                    endpoints as i32,
                     err.as_mut_ptr(),
                     err.len(),
                 )
@@ -127,7 +143,7 @@ impl Ofi {
                     sys::oxf_wait_fd(ctx),
                 )
             };
-            Ok(Ofi { ctx, provider, domain, virt_addr, wait_fd })
+            Ok(Ofi { ctx, provider, domain, virt_addr, wait_fd, endpoints })
         }
     }
 
@@ -170,11 +186,14 @@ impl Fabric for Ofi {
     fn device(&self) -> &str {
         &self.domain
     }
-    fn address(&self) -> Result<Vec<u8>> {
+    fn endpoints(&self) -> usize {
+        self.endpoints
+    }
+    fn address(&self, ep: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; 256];
         let mut len = buf.len();
-        // SAFETY: a buffer of `len` bytes.
-        let r = unsafe { sys::oxf_getname(self.ctx, buf.as_mut_ptr().cast(), &mut len) };
+        // SAFETY: a buffer of `len` bytes; ep < endpoints (the protocol's invariant).
+        let r = unsafe { sys::oxf_getname(self.ctx, ep as i32, buf.as_mut_ptr().cast(), &mut len) };
         if r != 0 {
             return Err(self.fail("fi_getname", r as isize));
         }
@@ -211,6 +230,7 @@ impl Fabric for Ofi {
     }
     unsafe fn write(
         &self,
+        ep: usize,
         buf: *const u8,
         len: usize,
         desc: usize,
@@ -219,20 +239,33 @@ impl Fabric for Ofi {
         key: u64,
         token: u64,
     ) -> Result<bool> {
-        // SAFETY: the caller keeps the buffer until the completion of `token`.
+        // SAFETY: the caller keeps the buffer until the completion of `token`; ep < endpoints.
         let r = unsafe {
-            sys::oxf_write(self.ctx, buf.cast(), len, desc as *mut c_void, dest, raddr, key, token as *mut c_void)
+            sys::oxf_write(
+                self.ctx,
+                ep as i32,
+                buf.cast(),
+                len,
+                desc as *mut c_void,
+                dest,
+                raddr,
+                key,
+                token as *mut c_void,
+            )
         };
         self.posted("fi_write", r)
     }
-    unsafe fn send(&self, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
+    unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
         // SAFETY: as for write.
-        let r = unsafe { sys::oxf_send(self.ctx, buf.cast(), len, desc as *mut c_void, dest, token as *mut c_void) };
+        let r = unsafe {
+            sys::oxf_send(self.ctx, ep as i32, buf.cast(), len, desc as *mut c_void, dest, token as *mut c_void)
+        };
         self.posted("fi_send", r)
     }
-    unsafe fn post_recv(&self, buf: *mut u8, len: usize, desc: usize, token: u64) -> Result<bool> {
+    unsafe fn post_recv(&self, ep: usize, buf: *mut u8, len: usize, desc: usize, token: u64) -> Result<bool> {
         // SAFETY: as for write.
-        let r = unsafe { sys::oxf_recv(self.ctx, buf.cast(), len, desc as *mut c_void, token as *mut c_void) };
+        let r =
+            unsafe { sys::oxf_recv(self.ctx, ep as i32, buf.cast(), len, desc as *mut c_void, token as *mut c_void) };
         self.posted("fi_recv", r)
     }
     fn poll(&self, out: &mut Vec<Completion>) -> Result<()> {
