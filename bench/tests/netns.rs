@@ -68,6 +68,32 @@ fn perf_env(net: &str, envs: &[(&str, &str)], np: usize, netns: &str, extra: &[&
     assert!(stderr.contains("10.213.0."), "ranks use their namespace addresses:\n{stderr}");
 }
 
+/// Wait for a job that must fail: its exit status, how long it took from now, its stderr; kills
+/// it and fails the test if it is still running after `limit` (a hang).
+fn wait_failure(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> (std::time::Duration, String) {
+    use std::io::Read;
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what}: still running {limit:?} later: a hang");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let elapsed = t.elapsed();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "{what}: the job must fail");
+    (elapsed, err)
+}
+
 #[test]
 #[ignore = "needs root and network namespaces (run by .ci/run)"]
 fn collectives_across_namespace_hosts() {
@@ -105,9 +131,9 @@ fn collectives_over_libfabric_across_namespace_hosts() {
 #[test]
 #[ignore = "needs root, network namespaces and libfabric (run by .ci/run)"]
 fn killed_rank_over_libfabric_is_named() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let _h = Hosts::up(2);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+    let child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
         .args(["--np", "2", "--netns", "cclt-h1,cclt-h2", "-s", "1M", "-n", "10000000", "-w", "0"])
         .env("OXCCL_NET", "ofi")
         .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
@@ -124,28 +150,10 @@ fn killed_rank_over_libfabric_is_named() {
     for pid in pids.split_whitespace() {
         let _ = Command::new("kill").args(["-9", pid]).status();
     }
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(40) {
-            let _ = child.kill();
-            panic!("still running 40 s after the kill: a hang");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    use std::io::Read;
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(!status.success(), "the job must fail");
-    assert!(
-        t.elapsed() < Duration::from_secs(10),
-        "took {:?} (the timeout is 20 s: detection, not the timeout)",
-        t.elapsed()
-    );
+    let (elapsed, err) = wait_failure(child, Duration::from_secs(40), "kill -9 of rank 1");
+    assert!(elapsed < Duration::from_secs(10), "took {:?} (the timeout is 20 s: detection, not the timeout)", elapsed);
     assert!(err.contains("rank 1"), "the error names the dead rank: {err}");
-    eprintln!("killed rank detected after {:?}: {}", t.elapsed(), err.lines().next().unwrap_or(""));
+    eprintln!("killed rank detected after {:?}: {}", elapsed, err.lines().next().unwrap_or(""));
 }
 
 /// A namespace host's link goes down (or its packets are dropped by nftables) in the middle of a
@@ -154,7 +162,7 @@ fn killed_rank_over_libfabric_is_named() {
 #[test]
 #[ignore = "needs root and network namespaces (run by .ci/run)"]
 fn link_failure_becomes_an_error_not_a_hang() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let _h = Hosts::up(2);
     let faults: [&[&str]; 2] = [
         &["ip", "link", "set", "eth0", "down"],
@@ -167,7 +175,7 @@ fn link_failure_becomes_an_error_not_a_hang() {
         let _ = Command::new("ip").args(["netns", "exec", "cclt-h2", "ip", "link", "set", "eth0", "up"]).status();
         let _ =
             Command::new("ip").args(["netns", "exec", "cclt-h2", "nft", "delete", "table", "inet", "cclt"]).output();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+        let child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
             .args(["--np", "2", "--netns", "cclt-h1,cclt-h2", "-s", "1M", "-n", "10000000", "-w", "0"])
             .env("OXCCL_NET", net)
             .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
@@ -180,26 +188,12 @@ fn link_failure_becomes_an_error_not_a_hang() {
         std::thread::sleep(Duration::from_millis(1500));
         let s = Command::new("ip").args(["netns", "exec", "cclt-h2"]).args(fault).status().unwrap();
         assert!(s.success(), "injecting {fault:?}");
-        let t = Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if t.elapsed() > Duration::from_secs(30) {
-                let _ = child.kill();
-                panic!("{net} {fault:?}: still running 30 s after the fault: a hang");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let mut err = String::new();
-        use std::io::Read;
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-        assert!(!status.success(), "{net} {fault:?}: the job must fail");
-        assert!(t.elapsed() < Duration::from_secs(15), "{net} {fault:?}: took {:?}", t.elapsed());
+        let (elapsed, err) = wait_failure(child, Duration::from_secs(30), &format!("{net} {fault:?}"));
+        assert!(elapsed < Duration::from_secs(15), "{net} {fault:?}: took {elapsed:?}");
         assert!(
             err.contains("timed out") || err.contains("unreachable") || err.contains("rank"),
             "{net} {fault:?}: {err}"
         );
-        eprintln!("{net} {fault:?}: failed after {:?}: {}", t.elapsed(), err.lines().next().unwrap_or(""));
+        eprintln!("{net} {fault:?}: failed after {:?}: {}", elapsed, err.lines().next().unwrap_or(""));
     }
 }

@@ -513,6 +513,17 @@ fn decode_addrs(b: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
 /// Most endpoints per rank (`OXCCL_NET_ENDPOINTS`).
 pub const MAX_ENDPOINTS: usize = 4;
 
+/// A NOTIFY, CREDIT or ABORT message: kind, the connection it is for, a value (message index,
+/// consumed count) and, for ABORT, whom it is for (0: a receiver, 1: a sender).
+fn control(kind: u8, id: u32, value: u64, to_sender: bool) -> [u8; 17] {
+    let mut m = [0u8; 17];
+    m[0] = kind;
+    m[4..8].copy_from_slice(&id.to_le_bytes());
+    m[8..16].copy_from_slice(&value.to_le_bytes());
+    m[16] = to_sender as u8;
+    m
+}
+
 fn hello_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
     let mut c = b"oxccl-rdma-hello".to_vec();
     c.extend_from_slice(&comm.to_le_bytes());
@@ -909,10 +920,7 @@ impl SendConn for RdmaSend {
             key: self.key,
             token,
         });
-        let mut m = [0u8; 16];
-        m[0] = T_NOTIFY;
-        m[4..8].copy_from_slice(&self.remote_id.to_le_bytes());
-        m[8..16].copy_from_slice(&self.posted.to_le_bytes());
+        let m = control(T_NOTIFY, self.remote_id, self.posted, false);
         self.net.send_msg(&mut st, ep, dest, &m).map_err(|e| e.with_peer(self.peer))?;
         self.posted += 1;
         Ok(())
@@ -938,9 +946,7 @@ impl SendConn for RdmaSend {
         self.slots * self.slot_bytes
     }
     fn abort(&mut self) {
-        let mut m = [0u8; 17];
-        m[0] = T_ABORT;
-        m[4..8].copy_from_slice(&self.remote_id.to_le_bytes());
+        let m = control(T_ABORT, self.remote_id, 0, false);
         let mut st = self.net.st.lock().unwrap();
         let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m);
     }
@@ -1016,10 +1022,7 @@ impl RecvConn for RdmaRecv {
             return Err(Error::internal("consume without a peeked message"));
         }
         self.next += 1;
-        let mut m = [0u8; 16];
-        m[0] = T_CREDIT;
-        m[4..8].copy_from_slice(&self.sender_id.to_le_bytes());
-        m[8..16].copy_from_slice(&self.next.to_le_bytes());
+        let m = control(T_CREDIT, self.sender_id, self.next, false);
         let mut st = self.net.st.lock().unwrap();
         self.net.send_msg(&mut st, 0, self.dest, &m).map_err(|e| e.with_peer(self.peer))
     }
@@ -1034,10 +1037,7 @@ impl RecvConn for RdmaRecv {
         self.slots * self.slot_bytes
     }
     fn abort(&mut self) {
-        let mut m = [0u8; 17];
-        m[0] = T_ABORT;
-        m[4..8].copy_from_slice(&self.sender_id.to_le_bytes());
-        m[16] = 1;
+        let m = control(T_ABORT, self.sender_id, 0, true);
         let mut st = self.net.st.lock().unwrap();
         let _ = self.net.send_msg(&mut st, 0, self.dest, &m);
     }
