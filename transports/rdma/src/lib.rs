@@ -169,7 +169,8 @@ const K_RX: u64 = 1 << 56;
 const K_TXMSG: u64 = 2 << 56;
 const K_WRITE: u64 = 3 << 56;
 
-/// Page-aligned memory that stays put (rings and message pools are registered).
+/// 8-byte-aligned heap memory that stays put when its owner moves (rings and message pools are
+/// registered).
 struct Mem {
     buf: Vec<u64>,
 }
@@ -431,7 +432,9 @@ impl Net {
                 }
             }
             T_NOTIFY => {
-                if let Some(r) = st.recvs.get_mut(&id).filter(|r| r.hello.is_some()) {
+                // not filtered on HELLO: with striping, a NOTIFY travels on another endpoint pair
+                // than the HELLO and may overtake it (the slot's header is checked when read)
+                if let Some(r) = st.recvs.get_mut(&id) {
                     let slots = r.notified.len() as u64;
                     r.notified[(v % slots) as usize] = v + 1;
                 }
@@ -672,7 +675,12 @@ impl Blob {
             return Err(bad("address list too long"));
         }
         let (slots, slot_bytes) = (u32_at(24), u32_at(28));
-        if slots == 0 || slots > 4096 || slot_bytes as usize <= SLOT_HEADER || slot_bytes > 1 << 30 {
+        if slots == 0
+            || slots > 4096
+            || slot_bytes as usize <= SLOT_HEADER
+            || slot_bytes > 1 << 30
+            || slots as u64 * slot_bytes as u64 > 4 << 30
+        {
             return Err(bad("ring shape out of range"));
         }
         Ok(Blob {
@@ -1234,6 +1242,7 @@ mod tests {
             };
             if let Ok(x) = Blob::decode(&b) {
                 assert!(x.slots > 0 && x.slots <= 4096 && x.slot_bytes as usize > SLOT_HEADER);
+                assert!(x.slots as u64 * x.slot_bytes as u64 <= 4 << 30, "a blob may not ask for a huge ring");
                 assert!(!x.addrs.is_empty() && x.addrs.len() <= MAX_ENDPOINTS);
                 assert!(x.addrs.iter().all(|a| !a.is_empty()));
                 assert!(encode_addrs(&x.addrs).len() <= MSG_BYTES - HELLO_ADDRS);
