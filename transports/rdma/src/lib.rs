@@ -819,6 +819,7 @@ impl PendingRecv for RdmaPending {
                     slot_bytes: self.slot_bytes,
                     max_message: self.max_message,
                     next: 0,
+                    credited: 0,
                     peeked: false,
                 }));
             }
@@ -989,6 +990,8 @@ struct RdmaRecv {
     slot_bytes: usize,
     max_message: usize,
     next: u64,
+    /// The consumed count last sent in a CREDIT.
+    credited: u64,
     peeked: bool,
 }
 
@@ -1030,6 +1033,13 @@ impl RecvConn for RdmaRecv {
             return Err(Error::internal("consume without a peeked message"));
         }
         self.next += 1;
+        // credits in batches of half the ring: while fewer than that are unreported, the sender
+        // still has half the ring free or messages in flight that this side will consume, so it
+        // cannot stall (rings have at least 2 slots)
+        if self.next - self.credited < (self.slots as u64 / 2).max(1) {
+            return Ok(());
+        }
+        self.credited = self.next;
         let m = control(T_CREDIT, self.sender_id, self.next, false);
         let mut st = self.net.st.lock().unwrap();
         self.net.send_msg(&mut st, 0, self.dest, &m).map_err(|e| e.with_peer(self.peer))
