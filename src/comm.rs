@@ -220,7 +220,22 @@ impl Communicator {
             hostname: bootstrap::hostname(),
             ip,
         };
-        let peers = bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout)?;
+        let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout) {
+            Ok(p) => p,
+            Err(e) => {
+                // the ranks that did join time out at about the same moment and then ask the
+                // store which ranks are missing: the rank hosting it keeps serving them a moment
+                // (dropping it at once made their messages say "refused" instead)
+                if let Some(server) = rdv.server {
+                    let linger = cfg.timeout.min(std::time::Duration::from_secs(5));
+                    let _ = std::thread::Builder::new().name("oxccl-store-linger".into()).spawn(move || {
+                        std::thread::sleep(linger);
+                        drop(server);
+                    });
+                }
+                return Err(e);
+            }
+        };
         let c = Self::assemble(rdv.store, rdv.prefix, rdv.secret, rdv.server, rank, peers, cfg)?;
         tracing::info!(
             "{}:{} [{rank}] oxccl: communicator of {nranks} ranks ready in {:.1} ms",
