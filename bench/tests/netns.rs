@@ -94,18 +94,20 @@ fn wait_failure(
     (elapsed, err)
 }
 
+/// Every collective, type and op at small sizes, checked.
+const ALL: [&str; 18] =
+    ["--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1"];
+/// Every collective up to 8 MiB, checked.
+const BIG: [&str; 14] = ["--coll", "all", "-b", "4", "-e", "8M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"];
+
 #[test]
 #[ignore = "needs root and network namespaces (run by .ci/run)"]
 fn collectives_across_namespace_hosts() {
     let _h = Hosts::up(4);
-    let all = [
-        "--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1",
-    ];
-    let big = ["--coll", "all", "-b", "4", "-e", "8M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"];
-    perf("socket", 2, "cclt-h1,cclt-h2", &all);
-    perf("socket", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);
-    perf("socket", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
-    perf("socket", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+    perf("socket", 2, "cclt-h1,cclt-h2", &ALL);
+    perf("socket", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &ALL);
+    perf("socket", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &BIG);
+    perf("socket", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &BIG);
 }
 
 /// The same suite over the RDMA protocol on libfabric (`OXCCL_NET=ofi`, provider
@@ -115,15 +117,11 @@ fn collectives_across_namespace_hosts() {
 #[ignore = "needs root, network namespaces and libfabric (run by .ci/run)"]
 fn collectives_over_libfabric_across_namespace_hosts() {
     let _h = Hosts::up(4);
-    let all = [
-        "--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1",
-    ];
-    let big = ["--coll", "all", "-b", "4", "-e", "8M", "-f", "16", "-n", "2", "-w", "1", "-c", "1"];
-    perf("ofi", 2, "cclt-h1,cclt-h2", &all);
-    perf("ofi", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &all);
-    perf("ofi", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &big);
+    perf("ofi", 2, "cclt-h1,cclt-h2", &ALL);
+    perf("ofi", 4, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &ALL);
+    perf("ofi", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &BIG);
     // messages striped over 2 endpoints per rank
-    perf_env("ofi", &[("OXCCL_NET_ENDPOINTS", "2")], 4, "cclt-h1,cclt-h2", &all);
+    perf_env("ofi", &[("OXCCL_NET_ENDPOINTS", "2")], 4, "cclt-h1,cclt-h2", &ALL);
 }
 
 /// A rank killed (SIGKILL) in the middle of a run over libfabric: the survivor fails with an
