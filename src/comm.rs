@@ -288,7 +288,12 @@ impl Communicator {
         } else {
             Some(ShmTransport::new(
                 ctx.clone(),
-                ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes, cma: cfg.cma },
+                ShmConfig {
+                    slots: cfg.slots,
+                    slot_bytes: cfg.chunk_bytes,
+                    cma: cfg.cma,
+                    cma_min_op: cfg.cma_min_bytes,
+                },
             )?)
         };
         let tcp_cfg = TcpConfig {
@@ -1339,10 +1344,9 @@ impl<'a> Group<'a> {
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
             sh.record(seq, fp, sched.clone(), now);
             let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
-            // single copy pays off only for operations larger than the caches
-            if sh.cfg.cma && d.count * d.dtype.size() >= sh.cfg.cma_min_bytes {
-                run.borrow_min = 4096;
-            }
+            // single copy: each connection says from which operation size it pays off
+            run.borrow_min = 4096;
+            run.op_bytes = d.count * d.dtype.size();
             runs.push(run);
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,

@@ -322,6 +322,9 @@ pub struct OpRun<'a> {
     /// Send values of at least this many bytes by reference where the transport and the
     /// schedule allow (single copy); `usize::MAX` never.
     pub borrow_min: usize,
+    /// The operation's size (count × type size): connections send by reference only in
+    /// operations of at least their [`oxccl_transport::SendConn::borrow_min_op`].
+    pub op_bytes: usize,
 }
 
 impl<'a> OpRun<'a> {
@@ -351,6 +354,7 @@ impl<'a> OpRun<'a> {
             rx_idx: vec![0; nranks],
             blocked: None,
             borrow_min: usize::MAX,
+            op_bytes: 0,
         }
     }
 
@@ -376,6 +380,7 @@ impl<'a> OpRun<'a> {
             rx_idx: self.rx_idx,
             blocked: self.blocked,
             borrow_min: self.borrow_min,
+            op_bytes: self.op_bytes,
         })
     }
 
@@ -419,7 +424,7 @@ impl<'a> OpRun<'a> {
                 return Err(Error::internal("step larger than the connection's messages"));
             }
             let premul_input = |v: Slice| matches!(self.fp.op, ReduceOp::PreMulSum(_)) && v.buf == Buf::Input;
-            let candidate = (split && len >= self.borrow_min)
+            let candidate = (split && len >= self.borrow_min && self.op_bytes >= c.borrow_min_op())
                 .then(|| self.sched.stable_send(pc))
                 .flatten()
                 .filter(|v| !(premul_input(*v) && step.dst.is_none()));

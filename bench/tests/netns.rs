@@ -122,6 +122,8 @@ fn collectives_over_libfabric_across_namespace_hosts() {
     perf("ofi", 8, "cclt-h1,cclt-h2,cclt-h3,cclt-h4", &BIG);
     // messages striped over 2 endpoints per rank
     perf_env("ofi", &[("OXCCL_NET_ENDPOINTS", "2")], 4, "cclt-h1,cclt-h2", &ALL);
+    // every message of 4 KiB and more written from user memory (registration cache)
+    perf_env("ofi", &[("OXCCL_NET_ZERO_COPY_MIN_BYTES", "0")], 2, "cclt-h1,cclt-h2", &ALL);
 }
 
 /// A rank killed (SIGKILL) in the middle of a run over libfabric: the survivor fails with an

@@ -213,8 +213,15 @@ pub trait SendConn: Send {
     fn borrow_ready(&mut self, _len: usize) -> Result<Option<bool>> {
         Ok(Some(false))
     }
+    /// Single copy (optional): the smallest operation (count × type size) whose messages this
+    /// connection wants to send by reference; `usize::MAX`: never.
+    fn borrow_min_op(&self) -> usize {
+        usize::MAX
+    }
     /// Single copy (optional): publish a message whose `header.len` bytes stay in this process
-    /// at address `addr`; the receiver copies them itself (`process_vm_readv`). The caller
+    /// at address `addr`; the transport reads them from there (shared memory: the receiver
+    /// copies them with `process_vm_readv`; RDMA: they are written from a registration of that
+    /// memory). The caller
     /// keeps that memory unchanged until [`SendConn::pending`] turns false, which it does once
     /// the receiver consumed every message sent this way.
     fn commit_borrowed(&mut self, _header: Header, _addr: usize) -> Result<()> {

@@ -26,7 +26,9 @@
 //! `unsafe` is limited to the FFI of the backends and the raw ring memory handed to them, each
 //! with a `// SAFETY:` comment.
 
+pub mod memmon;
 pub mod ofi;
+pub mod regcache;
 pub mod verbs;
 
 use oxccl_transport::wait::WaitSource;
@@ -80,7 +82,9 @@ pub trait Fabric: Send + Sync {
     /// Register memory for local use and remote writes.
     ///
     /// # Safety
-    /// `[buf, buf+len)` stays allocated until [`Fabric::deregister`].
+    /// `[buf, buf+len)` is mapped now, and no operation uses the registration after that
+    /// memory is unmapped (it may be deregistered after: the registration cache deregisters
+    /// user memory once its unmapping was seen).
     unsafe fn register(&self, buf: *mut u8, len: usize) -> Result<Region>;
     /// Drop a registration.
     fn deregister(&self, r: &Region);
@@ -168,6 +172,17 @@ const T_ABORT: u8 = 4;
 const K_RX: u64 = 1 << 56;
 const K_TXMSG: u64 = 2 << 56;
 const K_WRITE: u64 = 3 << 56;
+/// Write tokens: connection id << 24, a flag for payload writes from user memory, the slot.
+const USER_WRITE: u64 = 1 << 20;
+const SLOT_MASK: u64 = USER_WRITE - 1;
+
+/// Bounds of the registration cache of user memory.
+const USER_CACHE_ENTRIES: usize = 256;
+
+/// `OXCCL_NET_REG_CACHE_BYTES`: most bytes of user memory kept registered (default 8 GiB).
+fn user_cache_bytes() -> usize {
+    std::env::var("OXCCL_NET_REG_CACHE_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(8 << 30)
+}
 
 /// 8-byte-aligned heap memory that stays put when its owner moves (rings and message pools are
 /// registered).
@@ -212,8 +227,11 @@ struct SendSide {
     peer: usize,
     /// Messages the receiver has consumed.
     credits: u64,
-    /// Writes posted and not yet completed locally, per staging slot.
-    busy: Vec<bool>,
+    /// Writes posted and not yet completed locally, per staging slot (two for a message sent
+    /// from user memory: its header, then its payload).
+    busy: Vec<u8>,
+    /// Per staging slot: the registration cache entry a payload write from user memory holds.
+    held: Vec<Option<u64>>,
     aborted: bool,
     error: Option<Error>,
 }
@@ -248,6 +266,8 @@ struct Net {
     fab: Box<dyn Fabric>,
     ctx: TransportCtx,
     st: Mutex<NetState>,
+    /// Registrations of user memory (large messages are written from where they lie).
+    user: std::sync::OnceLock<Option<memmon::Watched<Region>>>,
 }
 
 impl Net {
@@ -260,6 +280,7 @@ impl Net {
         let net = Arc::new(Net {
             fab,
             ctx,
+            user: std::sync::OnceLock::new(),
             st: Mutex::new(NetState {
                 next_id: 1,
                 outbox: std::collections::VecDeque::new(),
@@ -385,9 +406,15 @@ impl Net {
             }
             match kind {
                 K_WRITE => {
-                    let (id, slot) = ((low >> 24) as u32, (low & 0xff_ffff) as usize);
-                    if let Some(b) = st.sends.get_mut(&id).and_then(|s| s.busy.get_mut(slot)) {
-                        *b = false;
+                    let (id, slot) = ((low >> 24) as u32, (low & SLOT_MASK) as usize);
+                    let Some(s) = st.sends.get_mut(&id) else { continue };
+                    if let Some(b) = s.busy.get_mut(slot) {
+                        *b = b.saturating_sub(1);
+                    }
+                    if low & USER_WRITE != 0 {
+                        if let (Some(held), Some(user)) = (s.held.get_mut(slot).and_then(Option::take), self.user()) {
+                            user.release(held);
+                        }
                     }
                 }
                 K_TXMSG => st.tx_free.push(low as usize),
@@ -400,7 +427,31 @@ impl Net {
                 _ => {}
             }
         }
+        if let Some(user) = self.user() {
+            for r in user.take_dead() {
+                self.fab.deregister(&r);
+            }
+        }
         self.flush(st)
+    }
+
+    /// The registration cache of user memory, once a message was sent from user memory.
+    fn user(&self) -> Option<&memmon::Watched<Region>> {
+        self.user.get().and_then(Option::as_ref)
+    }
+
+    /// The registration cache, started on first use; `None` where memory cannot be watched
+    /// (then nothing is sent from user memory).
+    fn user_cache(&self) -> Option<&memmon::Watched<Region>> {
+        self.user
+            .get_or_init(|| match memmon::Watched::new(USER_CACHE_ENTRIES, user_cache_bytes()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::info!("NET/OFI: messages are copied through staging rings: {e}");
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// Apply one control message. Malformed or unknown ones are dropped (a stranger's bytes
@@ -477,6 +528,11 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        if let Some(user) = self.user.take().flatten() {
+            for r in user.drain() {
+                self.fab.deregister(&r);
+            }
+        }
         let st = self.st.get_mut().unwrap();
         self.fab.deregister(&st.rx_region);
         self.fab.deregister(&st.tx_region);
@@ -544,13 +600,38 @@ pub struct RdmaConfig {
     /// Endpoints per rank; a connection's messages are striped across them (NCCL's
     /// `NCCL_IB_QPS_PER_CONNECTION`; `OXCCL_NET_ENDPOINTS`), 1..=[`MAX_ENDPOINTS`].
     pub endpoints: usize,
+    /// Messages of operations of at least this size (count × type size) are written from the
+    /// user's buffer, registered through the registration cache, instead of being copied into
+    /// a staging ring first (`usize::MAX`: never). `None`: 1 MiB with a hardware provider,
+    /// never with a software emulation (measured no faster there: bench/RESULTS.md). From
+    /// `OXCCL_NET_ZERO_COPY` (`0` off, `1` on) and `OXCCL_NET_ZERO_COPY_MIN_BYTES` (sets it).
+    pub zero_copy_min_op: Option<usize>,
 }
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        RdmaConfig { slots: 8, max_message: 512 << 10, endpoints: endpoints_from_env() }
+        RdmaConfig {
+            slots: 8,
+            max_message: 512 << 10,
+            endpoints: endpoints_from_env(),
+            zero_copy_min_op: zero_copy_min_from_env(),
+        }
     }
 }
+
+/// `OXCCL_NET_ZERO_COPY` (`0` off, `1` on) and `OXCCL_NET_ZERO_COPY_MIN_BYTES`; `None`: decide
+/// by provider.
+pub fn zero_copy_min_from_env() -> Option<usize> {
+    let min = std::env::var("OXCCL_NET_ZERO_COPY_MIN_BYTES").ok().and_then(|v| v.trim().parse().ok());
+    match std::env::var("OXCCL_NET_ZERO_COPY").map(|v| v.trim().to_string()).as_deref() {
+        Ok("0") => Some(usize::MAX),
+        Ok("1") => Some(min.unwrap_or(ZERO_COPY_MIN)),
+        _ => min,
+    }
+}
+
+/// Default smallest operation sent from user memory (hardware providers).
+const ZERO_COPY_MIN: usize = 1 << 20;
 
 /// `OXCCL_NET_ENDPOINTS` (or `NCCL_IB_QPS_PER_CONNECTION`), clamped to 1..=[`MAX_ENDPOINTS`];
 /// default 1.
@@ -770,7 +851,7 @@ impl Transport for RdmaTransport {
         let mut st = self.net.st.lock().unwrap();
         let id = st.next_id;
         st.next_id += 1;
-        st.sends.insert(id, SendSide { peer, busy: vec![false; slots], ..Default::default() });
+        st.sends.insert(id, SendSide { peer, busy: vec![0; slots], held: vec![None; slots], ..Default::default() });
         let mut hello = vec![0u8; HELLO_ADDRS + my_addrs.len()];
         hello[0] = T_HELLO;
         hello[4..8].copy_from_slice(&b.id.to_le_bytes());
@@ -792,6 +873,11 @@ impl Transport for RdmaTransport {
             slots,
             slot_bytes,
             posted: 0,
+            zero_copy_min_op: self.cfg.zero_copy_min_op.unwrap_or(if self.is_software() {
+                usize::MAX
+            } else {
+                ZERO_COPY_MIN
+            }),
         }))
     }
 }
@@ -862,6 +948,8 @@ struct RdmaSend {
     slots: usize,
     slot_bytes: usize,
     posted: u64,
+    /// Send from user memory in operations of at least this size (`usize::MAX`: never).
+    zero_copy_min_op: usize,
 }
 
 impl RdmaSend {
@@ -878,7 +966,7 @@ impl RdmaSend {
     /// Room for the next message: fewer than `slots` unconsumed, and its staging slot free.
     fn room(&self, st: &NetState) -> bool {
         let s = &st.sends[&self.id];
-        self.posted - s.credits < self.slots as u64 && !s.busy[(self.posted % self.slots as u64) as usize]
+        self.posted - s.credits < self.slots as u64 && s.busy[(self.posted % self.slots as u64) as usize] == 0
     }
 }
 
@@ -887,16 +975,8 @@ impl SendConn for RdmaSend {
         self.slot_bytes - SLOT_HEADER
     }
     fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
-        {
-            let mut st = self.net.st.lock().unwrap();
-            self.check(&st)?;
-            if !self.room(&st) {
-                self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
-                self.check(&st)?;
-                if !self.room(&st) {
-                    return Ok(None);
-                }
-            }
+        if !self.make_room()? {
+            return Ok(None);
         }
         let slot = (self.posted % self.slots as u64) as usize;
         let (sb, max) = (self.slot_bytes, self.max_message());
@@ -904,35 +984,42 @@ impl SendConn for RdmaSend {
         Ok(Some(&mut ring.bytes_mut()[slot * sb + SLOT_HEADER..slot * sb + SLOT_HEADER + max]))
     }
     fn commit(&mut self, header: Header) -> Result<()> {
-        let slot = (self.posted % self.slots as u64) as usize;
-        let sb = self.slot_bytes;
-        let (ring, region) = self.ring.as_mut().unwrap();
-        ring.bytes_mut()[slot * sb..slot * sb + HEADER_BYTES].copy_from_slice(&header.encode());
-        let len = SLOT_HEADER + header.len as usize;
-        let src = ring.ptr().wrapping_add(slot * sb);
-        let desc = region.desc;
-        let mut st = self.net.st.lock().unwrap();
-        st.sends.get_mut(&self.id).unwrap().busy[slot] = true;
-        let token = K_WRITE | ((self.id as u64) << 24) | slot as u64;
-        // striped: message k goes from local endpoint k % L to remote endpoint k % R, its write
-        // and its NOTIFY on the same pair (send-after-write ordering holds per endpoint pair)
-        let ep = (self.posted % self.net.fab.endpoints() as u64) as usize;
-        let dest = self.dests[(self.posted % self.dests.len() as u64) as usize];
-        // the staging slot stays untouched until its write completes (busy flag)
-        st.outbox.push_back(Outgoing::Write {
-            ep,
-            src: src as usize,
-            len,
-            desc,
-            dest,
-            raddr: self.raddr + (slot * sb) as u64,
-            key: self.key,
-            token,
-        });
-        let m = control(T_NOTIFY, self.remote_id, self.posted, false);
-        self.net.send_msg(&mut st, ep, dest, &m).map_err(|e| e.with_peer(self.peer))?;
-        self.posted += 1;
-        Ok(())
+        self.publish(header, None)
+    }
+    fn borrow_ready(&mut self, len: usize) -> Result<Option<bool>> {
+        if self.zero_copy_min_op == usize::MAX || len > self.max_message() || self.net.user_cache().is_none() {
+            return Ok(Some(false));
+        }
+        Ok(self.make_room()?.then_some(true))
+    }
+    fn borrow_min_op(&self) -> usize {
+        self.zero_copy_min_op
+    }
+    fn commit_borrowed(&mut self, header: Header, addr: usize) -> Result<()> {
+        let len = header.len as usize;
+        let user = self.net.user_cache().filter(|_| len <= self.max_message());
+        let user = user.ok_or_else(|| Error::internal("RDMA send by reference that borrow_ready did not allow"))?;
+        let fab = &self.net.fab;
+        // SAFETY: `register` is given a page-aligned run of mapped pages (the cache watches
+        // them). The registration is used only while an entry of the cache holds it: the cache
+        // drops an entry as soon as its memory is unmapped (before the unmapping call returns)
+        // and deregisters it once no write uses it; a write from it runs only while the caller
+        // keeps the message unchanged (until `pending` turns false: commit_borrowed's contract).
+        let got = user.get(addr, len, |start, bytes| unsafe { fab.register(start as *mut u8, bytes) })?;
+        match got {
+            Some((id, region, _)) => self.publish(header, Some((addr, region.desc, id))),
+            None => {
+                // memory the cache cannot watch: copied into the staging slot instead
+                let slot = (self.posted % self.slots as u64) as usize;
+                let sb = self.slot_bytes;
+                let ring = &mut self.ring.as_mut().unwrap().0;
+                // SAFETY: commit_borrowed's contract: `addr` holds `header.len` readable bytes
+                // that stay unchanged during this call.
+                let src = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+                ring.bytes_mut()[slot * sb + SLOT_HEADER..slot * sb + SLOT_HEADER + len].copy_from_slice(src);
+                self.publish(header, None)
+            }
+        }
     }
     fn progress(&mut self) -> Result<()> {
         let mut st = self.net.st.lock().unwrap();
@@ -942,7 +1029,7 @@ impl SendConn for RdmaSend {
     fn pending(&self) -> bool {
         let st = self.net.st.lock().unwrap();
         // a queued NOTIFY still has to leave, and a write still reads its staging slot
-        !st.outbox.is_empty() || st.sends[&self.id].busy.iter().any(|b| *b)
+        !st.outbox.is_empty() || st.sends[&self.id].busy.iter().any(|b| *b > 0)
     }
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.net.arm()
@@ -961,12 +1048,66 @@ impl SendConn for RdmaSend {
     }
 }
 
+impl RdmaSend {
+    /// Whether the next message has room, after progress if needed.
+    fn make_room(&mut self) -> Result<bool> {
+        let mut st = self.net.st.lock().unwrap();
+        self.check(&st)?;
+        if !self.room(&st) {
+            self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
+            self.check(&st)?;
+            return Ok(self.room(&st));
+        }
+        Ok(true)
+    }
+
+    /// Post message `posted`: the staging slot's header (and payload, unless `user` names the
+    /// payload in user memory: address, local descriptor, cache entry), then its NOTIFY.
+    fn publish(&mut self, header: Header, user: Option<(usize, usize, u64)>) -> Result<()> {
+        let slot = (self.posted % self.slots as u64) as usize;
+        let sb = self.slot_bytes;
+        let (ring, region) = self.ring.as_mut().unwrap();
+        ring.bytes_mut()[slot * sb..slot * sb + HEADER_BYTES].copy_from_slice(&header.encode());
+        let len = SLOT_HEADER + if user.is_some() { 0 } else { header.len as usize };
+        let src = ring.ptr().wrapping_add(slot * sb);
+        let desc = region.desc;
+        let mut st = self.net.st.lock().unwrap();
+        let s = st.sends.get_mut(&self.id).unwrap();
+        s.busy[slot] += 1 + user.is_some() as u8;
+        s.held[slot] = user.map(|u| u.2);
+        let token = K_WRITE | ((self.id as u64) << 24) | slot as u64;
+        // striped: message k goes from local endpoint k % L to remote endpoint k % R, its writes
+        // and its NOTIFY on the same pair (send-after-write ordering holds per endpoint pair)
+        let ep = (self.posted % self.net.fab.endpoints() as u64) as usize;
+        let dest = self.dests[(self.posted % self.dests.len() as u64) as usize];
+        let raddr = self.raddr + (slot * sb) as u64;
+        // the staging slot (and user memory) stay untouched until the writes complete (busy)
+        st.outbox.push_back(Outgoing::Write { ep, src: src as usize, len, desc, dest, raddr, key: self.key, token });
+        if let Some((addr, desc, _)) = user {
+            st.outbox.push_back(Outgoing::Write {
+                ep,
+                src: addr,
+                len: header.len as usize,
+                desc,
+                dest,
+                raddr: raddr + SLOT_HEADER as u64,
+                key: self.key,
+                token: token | USER_WRITE,
+            });
+        }
+        let m = control(T_NOTIFY, self.remote_id, self.posted, false);
+        self.net.send_msg(&mut st, ep, dest, &m).map_err(|e| e.with_peer(self.peer))?;
+        self.posted += 1;
+        Ok(())
+    }
+}
+
 impl Drop for RdmaSend {
     fn drop(&mut self) {
         let mut st = self.net.st.lock().unwrap();
         // writes still in flight read the staging ring: let them finish (bounded)
         let t = Instant::now();
-        while st.sends[&self.id].busy.iter().any(|b| *b) && t.elapsed() < std::time::Duration::from_secs(2) {
+        while st.sends[&self.id].busy.iter().any(|b| *b > 0) && t.elapsed() < std::time::Duration::from_secs(2) {
             if self.net.progress_locked(&mut st).is_err() {
                 break;
             }
@@ -1090,7 +1231,7 @@ mod tests {
     }
 
     fn open_eps(rank: usize, slots: usize, max: usize, endpoints: usize) -> Option<RdmaTransport> {
-        let cfg = RdmaConfig { slots, max_message: max, endpoints };
+        let cfg = RdmaConfig { slots, max_message: max, endpoints, zero_copy_min_op: Some(0) };
         match RdmaTransport::open(&NetChoice::Ofi(provider()), ctx(rank), "127.0.0.1".parse().unwrap(), cfg) {
             Ok(t) => Some(t),
             Err(e) if e.kind == ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
@@ -1180,6 +1321,93 @@ mod tests {
         }
     }
 
+    /// Large messages go from user memory through the registration cache: a second pass over
+    /// the same buffer hits the cache; after the buffer is unmapped and new memory is mapped at
+    /// the same address, the new bytes arrive (a fresh registration, the old one invalidated
+    /// and deregistered).
+    #[test]
+    fn messages_from_user_memory_follow_unmapping() {
+        let (Some(a), Some(b)) = (open(0, 4, 64 << 10), open(1, 4, 64 << 10)) else { return };
+        let (mut s, mut r) = connect(&a, &b);
+        let chunk = 64 << 10;
+        let len = 4 * chunk;
+        let map = |at: *mut libc::c_void, fill: u8| {
+            let flags =
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if at.is_null() { 0 } else { libc::MAP_FIXED_NOREPLACE };
+            // SAFETY: a fresh anonymous mapping (never over existing memory: FIXED_NOREPLACE).
+            let p = unsafe { libc::mmap(at, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+            assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+            // SAFETY: the mapping is ours and `len` long.
+            let buf = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+            for (i, x) in buf.iter_mut().enumerate() {
+                *x = (i as u8).wrapping_mul(7) ^ fill;
+            }
+            p
+        };
+        let mut seq = 0u64;
+        let mut pass = |p: *mut libc::c_void, fill: u8, s: &mut Box<dyn SendConn>, r: &mut Box<dyn RecvConn>| {
+            for k in 0..4 {
+                let t = Instant::now();
+                let ok = loop {
+                    match s.borrow_ready(chunk).unwrap() {
+                        Some(ok) => break ok,
+                        None => assert!(t.elapsed() < Duration::from_secs(10), "no room"),
+                    }
+                    assert!(r.peek().unwrap().is_none(), "nothing sent yet");
+                };
+                if !ok {
+                    return false;
+                }
+                let h = Header { len: chunk as u32, comm: 77, seq, count: 0, step: 0, call: 0 };
+                s.commit_borrowed(h, p as usize + k * chunk).unwrap();
+                let t = Instant::now();
+                loop {
+                    s.progress().unwrap();
+                    if let Some((h, data)) = r.peek().unwrap() {
+                        assert_eq!(h.seq, seq);
+                        assert!(
+                            data.iter().enumerate().all(|(i, x)| *x == ((k * chunk + i) as u8).wrapping_mul(7) ^ fill),
+                            "chunk {k} of pass {fill}"
+                        );
+                        r.consume().unwrap();
+                        break;
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(10), "message {seq} never arrived");
+                }
+                seq += 1;
+            }
+            let t = Instant::now();
+            while s.pending() {
+                s.progress().unwrap();
+                assert!(t.elapsed() < Duration::from_secs(5));
+            }
+            true
+        };
+        let p = map(std::ptr::null_mut(), 1);
+        if !pass(p, 1, &mut s, &mut r) {
+            assert!(std::env::var_os("OXCCL_REQUIRE_UFFD").is_none(), "no registration cache");
+            eprintln!("skipped: user memory cannot be watched here");
+            return;
+        }
+        let user = a.net.user().unwrap();
+        let st1 = user.stats();
+        assert!(pass(p, 1, &mut s, &mut r));
+        let st2 = user.stats();
+        assert_eq!(st2.registrations, st1.registrations, "the second pass registered again");
+        assert_eq!(st2.hits, st1.hits + 4);
+        assert_eq!(user.ranges().len(), 1, "the chunks merged into one registration");
+        // SAFETY: our mapping, no write in flight (pending is false).
+        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+        assert!(user.ranges().is_empty(), "the unmapped buffer is still cached");
+        let q = map(p, 2);
+        assert_eq!(q, p, "same address");
+        assert!(pass(q, 2, &mut s, &mut r));
+        let st3 = user.stats();
+        assert!(st3.registrations > st2.registrations && st3.invalidated > st2.invalidated, "{st3:?}");
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(q, len) };
+    }
+
     /// A HELLO with a wrong proof is ignored: the receiver times out rather than accepting.
     #[test]
     fn a_sender_without_the_secret_is_not_accepted() {
@@ -1188,7 +1416,7 @@ mod tests {
         stranger_ctx.secret = [6; 32];
         let stranger = RdmaTransport {
             net: Net::open(open_ofi(&provider(), &"127.0.0.1".parse().unwrap(), 1).unwrap(), stranger_ctx).unwrap(),
-            cfg: RdmaConfig { slots: 2, max_message: 256, endpoints: 1 },
+            cfg: RdmaConfig { slots: 2, max_message: 256, endpoints: 1, zero_copy_min_op: Some(0) },
         };
         let (pending, blob) = b.setup_recv(0).unwrap();
         let _s = stranger.connect_send(1, &blob, Instant::now() + Duration::from_secs(2)).unwrap();

@@ -38,11 +38,13 @@ pub struct ShmConfig {
     pub slot_bytes: usize,
     /// Allow single-copy messages by reference (`process_vm_readv`) when the kernel permits.
     pub cma: bool,
+    /// ... in operations of at least this many bytes.
+    pub cma_min_op: usize,
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { slots: 4, slot_bytes: 256 << 10, cma: true }
+        ShmConfig { slots: 4, slot_bytes: 256 << 10, cma: true, cma_min_op: 32 << 20 }
     }
 }
 
@@ -117,7 +119,7 @@ impl Transport for ShmTransport {
         if comm != self.ctx.comm_id || !(2..=MAX_SLOTS).contains(&slots) || slot_bytes % 64 != 0 {
             return Err(Error::remote("shm setup blob does not match this communicator").with_peer(peer));
         }
-        let cfg = ShmConfig { slots, slot_bytes, cma: self.cfg.cma };
+        let cfg = ShmConfig { slots, slot_bytes, ..self.cfg };
         let seg = Segment::open(pid, fd, seg_len(&cfg)).map_err(|e| e.with_peer(peer))?;
         if seg.u32_at(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
             return Err(Error::remote("peer's shm segment has a bad magic").with_peer(peer));
@@ -293,6 +295,14 @@ impl SendConn for ShmSend {
             return Ok(None);
         }
         Ok(Some(true))
+    }
+
+    fn borrow_min_op(&self) -> usize {
+        if self.cfg.cma {
+            self.cfg.cma_min_op
+        } else {
+            usize::MAX
+        }
     }
 
     fn commit_borrowed(&mut self, header: Header, addr: usize) -> Result<()> {
@@ -507,7 +517,7 @@ mod tests {
 
     #[test]
     fn ring_in_one_process_keeps_order_and_wraps() {
-        let (mut s, mut r) = pair(ShmConfig { slots: 2, slot_bytes: 64, cma: true });
+        let (mut s, mut r) = pair(ShmConfig { slots: 2, slot_bytes: 64, cma: true, ..Default::default() });
         assert!(r.peek().unwrap().is_none());
         for round in 0..5u8 {
             for i in 0..2u8 {
@@ -533,7 +543,7 @@ mod tests {
 
     #[test]
     fn inline_and_slot_payloads_interleave() {
-        let (mut s, mut r) = pair(ShmConfig { slots: 3, slot_bytes: 128, cma: true });
+        let (mut s, mut r) = pair(ShmConfig { slots: 3, slot_bytes: 128, cma: true, ..Default::default() });
         // lengths around the inline limit, through several laps of the ring
         let lens = [0usize, 1, INLINE_MAX, INLINE_MAX + 1, 128, 7, 64];
         for (i, &len) in lens.iter().cycle().take(40).enumerate() {
@@ -550,7 +560,7 @@ mod tests {
 
     #[test]
     fn messages_by_reference_are_copied_once_or_materialised() {
-        let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true };
+        let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true, ..Default::default() };
         let (mut s, mut r) = pair(cfg);
         let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
         let ok = |_: &Header| Ok(());
