@@ -779,8 +779,15 @@ fn open_net(
             if !several_hosts {
                 return Ok(None);
             }
-            // automatic: a fast provider if libfabric has one (probed once per process); its
-            // TCP/sockets emulation is not faster than oxccl's own sockets
+            // automatic: verbs if a device is there, else a fast libfabric provider if it has
+            // one (probed once per process); its TCP/sockets emulation is not faster than
+            // oxccl's own sockets
+            if oxccl_transport_rdma::verbs::devices().is_ok_and(|d| !d.is_empty()) {
+                match RdmaTransport::open(&NetChoice::Ib, ctx.clone(), peers[rank].ip, rcfg.clone()) {
+                    Ok(t) => return Ok(Some(t)),
+                    Err(e) => tracing::info!("NET/IB not used: {e}"),
+                }
+            }
             if !oxccl_transport_rdma::hardware_provider_available() {
                 return Ok(None);
             }

@@ -430,7 +430,11 @@ mod f16_tests {
         let n = 3000;
         let mk = |k: u32| -> Vec<u8> {
             let v: Vec<half::f16> = (0..n)
-                .map(|i| half::f16::from_f32(((i as u32 * 2654435761u32).rotate_left(k) % 20011) as f32 / 97.0 - 100.0))
+                .map(|i| {
+                    half::f16::from_f32(
+                        ((i as u32).wrapping_mul(2654435761u32).rotate_left(k) % 20011) as f32 / 97.0 - 100.0,
+                    )
+                })
                 .collect();
             bytemuck::cast_slice(&v).to_vec()
         };

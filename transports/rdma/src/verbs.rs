@@ -1,11 +1,25 @@
-//! InfiniBand/RoCE verbs: device discovery and selection, without rdma-core at build time.
+//! InfiniBand/RoCE verbs, without rdma-core at build time.
 //!
-//! `libibverbs.so.1` is opened with `dlopen` at run time, so builds and CI never need rdma-core
-//! and a machine without it (or without a device) gets a clean `Unavailable`. What exists:
-//! listing devices, `NCCL_IB_HCA`/`OXCCL_IB_HCA` filters (NCCL's syntax), GID tables read from
-//! sysfs and RoCE v2 GID selection (`NCCL_IB_GID_INDEX`/`OXCCL_IB_GID_INDEX`). The verbs data
-//! path (queue pairs, registration, write-with-immediate) is not implemented yet: with a device
-//! present, opening the `ib` network says so (`docs/transports.md`).
+//! `libibverbs.so.1` is opened with `dlopen` at run time ([`sys`]), so builds and CI never need
+//! rdma-core and a machine without it (or without a device) gets a clean `Unavailable`.
+//! - selection: `NCCL_IB_HCA`/`OXCCL_IB_HCA` filters (NCCL's syntax), the first active port of
+//!   a selected device, GID tables read from sysfs and RoCE v2 GID selection
+//!   (`NCCL_IB_GID_INDEX`/`OXCCL_IB_GID_INDEX`);
+//! - the data path: [`fabric::VerbsFabric`] (reliable-connected queue pairs, one set per pair
+//!   of processes, built by a handshake over TCP), over a [`device::Device`]: the hardware one
+//!   ([`device::HwDevice`]) or, in tests, a simulated one; the queue pair state machine is pure
+//!   ([`qp`]) and checked by both;
+//! - GPUDirect RDMA: device memory registered from a dma-buf (`ibv_reg_dmabuf_mr`) where the
+//!   library and driver offer it.
+//!
+//! Nothing of it has run on RDMA hardware (there is none here): `docs/transports.md`.
+
+pub mod device;
+pub mod fabric;
+pub mod qp;
+#[cfg(test)]
+pub(crate) mod sim;
+pub mod sys;
 
 use oxccl_transport::{Error, ErrorKind, Result};
 
@@ -213,31 +227,68 @@ pub fn devices() -> Result<Vec<String>> {
     }
 }
 
-/// Why the `ib` network cannot be opened here: no library, no (selected) device, or — with one
-/// — the data path that is not implemented yet.
-pub fn unavailable_data_path() -> Error {
-    let filter = match HcaFilter::from_env() {
-        Ok(f) => f,
-        Err(e) => return e,
-    };
-    match devices() {
-        Err(e) => e,
-        Ok(d) if d.is_empty() => Error::new(ErrorKind::Unavailable, "no RDMA device (libibverbs lists none)"),
-        Ok(d) => {
-            let chosen: Vec<_> = d.iter().filter(|n| filter.selects(n, 1)).cloned().collect();
-            if chosen.is_empty() {
-                Error::new(ErrorKind::Unavailable, format!("NCCL_IB_HCA selects none of the RDMA devices {d:?}"))
-            } else {
-                Error::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "RDMA devices {chosen:?} found, but oxccl's verbs data path is not implemented yet: use \
-                         OXCCL_NET=ofi (libfabric's verbs;ofi_rxm provider) or the socket network"
-                    ),
-                )
-            }
+/// A port's GID table from sysfs (`<root>/<device>/ports/<port>/gids/N` and
+/// `gid_attrs/types/N`) and whether its link layer is Ethernet (RoCE).
+pub fn read_gid_table(root: &std::path::Path, device: &str, port: u32) -> Result<(Vec<Gid>, bool)> {
+    let dir = root.join(device).join("ports").join(port.to_string());
+    let ethernet = std::fs::read_to_string(dir.join("link_layer")).map(|l| l.trim() == "Ethernet").unwrap_or(false);
+    let mut table = Vec::new();
+    let entries = std::fs::read_dir(dir.join("gids"))
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("{device}:{port}: no GID table ({e})")))?;
+    for e in entries.flatten() {
+        let Some(index) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        // unreadable entries (EINVAL for unset ones on some kernels) are skipped
+        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        let Ok(raw) = parse_gid(&text) else { continue };
+        let kind = std::fs::read_to_string(dir.join("gid_attrs/types").join(index.to_string()))
+            .map(|t| parse_gid_kind(&t, ethernet))
+            .unwrap_or(if ethernet { GidKind::RoceV1 } else { GidKind::Ib });
+        table.push(Gid { index, raw, kind });
+    }
+    table.sort_by_key(|g| g.index);
+    Ok((table, ethernet))
+}
+
+/// Active ports of `device` in sysfs, in order.
+fn active_ports(root: &std::path::Path, device: &str) -> Vec<u32> {
+    let mut ports: Vec<u32> = std::fs::read_dir(root.join(device).join("ports"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    ports.sort();
+    ports.retain(|p| {
+        std::fs::read_to_string(root.join(device).join(format!("ports/{p}/state"))).is_ok_and(|s| s.contains("ACTIVE"))
+    });
+    ports
+}
+
+/// Pick the device, port and GID: the first active port of a device `NCCL_IB_HCA` selects.
+pub fn choose_port() -> Result<(String, u32, Gid)> {
+    let filter = HcaFilter::from_env()?;
+    let devs = devices()?;
+    if devs.is_empty() {
+        return Err(Error::new(ErrorKind::Unavailable, "no RDMA device (libibverbs lists none)"));
+    }
+    let root = std::path::Path::new("/sys/class/infiniband");
+    let want = gid_index_from_env()?;
+    for d in &devs {
+        if let Some(p) = active_ports(root, d).into_iter().find(|p| filter.selects(d, *p)) {
+            let (table, _) = read_gid_table(root, d, p)?;
+            return Ok((d.clone(), p, select_gid(&table, want)?));
         }
     }
+    Err(Error::new(
+        ErrorKind::Unavailable,
+        format!("no active port of the RDMA devices {devs:?} is selected (NCCL_IB_HCA)"),
+    ))
+}
+
+/// Open the verbs fabric: the chosen port, `endpoints` endpoints, the handshake listener on
+/// `ip`. `Unavailable` without libibverbs or a usable device.
+pub fn open_ib(endpoints: usize, ip: std::net::IpAddr, secret: [u8; 32]) -> Result<Box<dyn crate::Fabric>> {
+    let (name, port, gid) = choose_port()?;
+    let dev = device::HwDevice::open(&name, port as u8, gid, endpoints)?;
+    tracing::info!("NET/IB: {name}:{port}, GID index {} ({:?})", gid.index, gid.kind);
+    Ok(Box::new(fabric::VerbsFabric::new(std::sync::Arc::new(dev), ip, secret)?))
 }
 
 #[cfg(test)]
@@ -297,6 +348,40 @@ mod tests {
         assert_eq!(parse_gid_kind("IB/RoCE v1", false), GidKind::Ib);
     }
 
+    /// The GID table and link layer come from a sysfs tree (a fake one here, laid out as the
+    /// kernel's); unset and unreadable entries are skipped, inactive ports are not chosen.
+    #[test]
+    fn gid_tables_are_read_from_sysfs() {
+        let root = std::env::temp_dir().join(format!("oxccl-sysfs-{}", std::process::id()));
+        let port = root.join("mlx5_0/ports/1");
+        std::fs::create_dir_all(port.join("gids")).unwrap();
+        std::fs::create_dir_all(port.join("gid_attrs/types")).unwrap();
+        std::fs::create_dir_all(root.join("mlx5_0/ports/2")).unwrap();
+        std::fs::write(port.join("link_layer"), "Ethernet\n").unwrap();
+        std::fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
+        std::fs::write(root.join("mlx5_0/ports/2/state"), "1: DOWN\n").unwrap();
+        let gids = [
+            ("0", "fe80:0000:0000:0000:0202:c9ff:fe00:0001", "IB/RoCE v1"),
+            ("1", "fe80:0000:0000:0000:0202:c9ff:fe00:0001", "RoCE v2"),
+            ("2", "0000:0000:0000:0000:0000:ffff:0a00:0001", "IB/RoCE v1"),
+            ("3", "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"),
+            ("4", "0000:0000:0000:0000:0000:0000:0000:0000", "RoCE v2"),
+            ("5", "garbage", "RoCE v2"),
+        ];
+        for (i, g, t) in gids {
+            std::fs::write(port.join("gids").join(i), format!("{g}\n")).unwrap();
+            std::fs::write(port.join("gid_attrs/types").join(i), format!("{t}\n")).unwrap();
+        }
+        let (table, eth) = read_gid_table(&root, "mlx5_0", 1).unwrap();
+        assert!(eth);
+        assert_eq!(table.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(table[3].kind, GidKind::RoceV2);
+        assert_eq!(select_gid(&table, None).unwrap().index, 3, "RoCE v2 with an IPv4 address");
+        assert_eq!(active_ports(&root, "mlx5_0"), vec![1]);
+        assert!(read_gid_table(&root, "mlx5_9", 1).is_err());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     /// No RDMA device here (CI): the ib network reports Unavailable with the reason, never a
     /// panic; with libibverbs installed the device list is just empty.
     #[test]
@@ -304,7 +389,7 @@ mod tests {
         match devices() {
             Ok(d) if !d.is_empty() => eprintln!("RDMA devices here: {d:?}"),
             _ => {
-                let e = unavailable_data_path();
+                let e = open_ib(1, "127.0.0.1".parse().unwrap(), [0; 32]).err().expect("no device, yet opened");
                 assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
                 assert!(e.message.contains("libibverbs") || e.message.contains("no RDMA device"), "{e}");
             }
