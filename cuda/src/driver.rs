@@ -450,6 +450,52 @@ pub fn ipc_handle(ptr: u64) -> Result<([u8; 64], u64)> {
     Ok((h.reserved.map(|c| c as u8), ptr - base))
 }
 
+/// A dma-buf of the device allocation holding `[ptr, ptr+len)`, for GPUDirect RDMA (an RDMA
+/// device registers it: `ibv_reg_dmabuf_mr`): the descriptor (the caller closes it), the
+/// offset of `ptr` in it and the allocation's base address. `Unavailable` where the driver or
+/// the device does not offer dma-buf export (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; CUDA 11.7
+/// and an open kernel module with dma-buf support).
+pub fn dmabuf_export(ptr: u64, len: usize) -> Result<(std::os::fd::OwnedFd, u64, u64)> {
+    let Memory::Device(ord) = classify(ptr) else {
+        return Err(Error::invalid_argument(format!("{ptr:#x} is not device memory")));
+    };
+    if attribute(ord, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? != 1 {
+        return Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("device {ord} does not export dma-bufs (no GPUDirect RDMA)"),
+        ));
+    }
+    guarded("cuMemGetHandleForAddressRange", || {
+        let mut base: u64 = 0;
+        let mut size: usize = 0;
+        // SAFETY: out-pointers; `ptr` is a device address.
+        check(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }, "cuMemGetAddressRange")?;
+        if ptr + len as u64 > base + size as u64 {
+            return Err(Error::invalid_argument("the range runs past its allocation"));
+        }
+        // whole pages of the allocation: dma-buf export works on page-aligned ranges
+        let page = 1u64 << 16;
+        let start = base & !(page - 1);
+        let end = (base + size as u64).div_ceil(page) * page;
+        let mut fd: libc::c_int = -1;
+        check(
+            // SAFETY: an out-pointer for an int descriptor; a range of one allocation.
+            unsafe {
+                cu::cuMemGetHandleForAddressRange(
+                    (&mut fd as *mut libc::c_int).cast(),
+                    start,
+                    (end - start) as usize,
+                    cu::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            },
+            "cuMemGetHandleForAddressRange",
+        )?;
+        // SAFETY: a new descriptor the driver gave us.
+        Ok((unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }, ptr - start, start))
+    })
+}
+
 /// Map a peer process's allocation (legacy IPC); closed with [`ipc_close`].
 pub fn ipc_open(handle: &[u8; 64]) -> Result<u64> {
     let h = cu::CUipcMemHandle_st { reserved: handle.map(|c| c as libc::c_char) };

@@ -44,6 +44,9 @@ mod tests {
                 let err = super::DeviceComm::new(std::sync::Arc::new(c), 0).err().expect("no device here");
                 assert_eq!(err.kind, oxccl::ErrorKind::Unavailable);
                 assert!(super::driver::driver_version().is_err());
+                // no GPUDirect RDMA export without a driver: a clean error
+                let e = super::driver::dmabuf_export(0x7f00_0000_0000, 4096).expect_err("exported");
+                assert!(matches!(e.kind, oxccl::ErrorKind::InvalidArgument | oxccl::ErrorKind::Unavailable), "{e}");
             }
         }
     }
