@@ -4,7 +4,8 @@
 # script for the first machine that has it. Run on two hosts that reach each other:
 #
 #   transports/rdma/hw-check.sh probe                 # on each host: devices, providers, unit tests
-#   transports/rdma/hw-check.sh run HOST0 HOST1 [PROVIDER]   # from HOST0: 2-rank collectives
+#   transports/rdma/hw-check.sh run HOST0 HOST1 [PROVIDER]   # from HOST0: 2-rank collectives over libfabric
+#   transports/rdma/hw-check.sh run HOST0 HOST1 ib           # the same over oxccl's verbs backend
 #
 # `probe` needs the repository built (cargo) on the host; `run` needs the same checkout and
 # release build on both hosts at the same path, and passwordless ssh from HOST0 to HOST1.
@@ -27,8 +28,11 @@ probe() {
   echo "== libfabric providers with RDM + RMA"
   command -v fi_info >/dev/null && fi_info -t FI_EP_RDM -c FI_RMA 2>&1 | grep -E "provider|domain" | paste - - | sort -u | head -20 \
     || echo "fi_info not installed (apt-get install libfabric-bin)"
-  echo "== the verbs backend: discovery, HCA filter, GID selection (what needs no data path)"
+  echo "== the verbs backend: layouts vs this machine's verbs.h, selection, simulated data path"
   (cd "$ROOT" && cargo test --release -q -p oxccl-transport-rdma verbs -- --nocapture)
+  echo "== the verbs backend on this machine's device: 2 ranks on loopback (NCCL_SHM_DISABLE=1)"
+  (cd "$ROOT" && OXCCL_NET=ib NCCL_SHM_DISABLE=1 OXCCL_DEBUG=INFO OXCCL_TIMEOUT=60 \
+    "$PERF" --np 2 --coll all -d all -o all -b 8 -e 16M -f 16 -c 1 -n 2 -w 1 2>&1 | tail -25)
   echo "== the RDMA protocol over this machine's first hardware provider, on loopback"
   prov=$(fi_info -t FI_EP_RDM -c FI_RMA 2>/dev/null | awk '/provider:/ {print $2}' | grep -v -E '^(tcp|sockets|udp|shm)' | head -1)
   if [ -n "$prov" ]; then
@@ -42,6 +46,7 @@ probe() {
 run2() { # HOST0 HOST1 PROVIDER
   local h0=$1 h1=$2 prov=${3:-}
   local env="OXCCL_NET=ofi OXCCL_OFI_PROVIDER=$prov OXCCL_TIMEOUT=120 OXCCL_DEBUG=INFO"
+  [ "$prov" = ib ] && env="OXCCL_NET=ib OXCCL_TIMEOUT=120 OXCCL_DEBUG=INFO"
   # rank 1 on HOST1 over ssh, rank 0 here; rank 0 serves the store at MASTER_ADDR:MASTER_PORT
   local port=$((20000 + RANDOM % 10000))
   local launch="MASTER_ADDR=$h0 MASTER_PORT=$port WORLD_SIZE=2"
