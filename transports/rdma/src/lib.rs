@@ -227,6 +227,10 @@ struct RecvSide {
     /// several endpoints may arrive out of order).
     notified: Vec<u64>,
     aborted: bool,
+    /// The sender's rank.
+    peer: usize,
+    /// A control message of this connection (CREDIT, ABORT) failed.
+    error: Option<Error>,
 }
 
 #[derive(Default)]
@@ -249,10 +253,19 @@ struct SendSide {
 enum Outgoing {
     /// Re-post receive buffer `i`.
     Recv(usize),
-    /// A control message.
-    Msg { ep: usize, dest: u64, bytes: Vec<u8> },
+    /// A control message, and the connection it belongs to.
+    Msg { ep: usize, dest: u64, bytes: Vec<u8>, owner: Owner },
     /// An RDMA write of a staging slot (the slot stays busy until its completion).
     Write { ep: usize, src: usize, len: usize, desc: usize, dest: u64, raddr: u64, key: u64, token: u64 },
+}
+
+/// The connection a control message belongs to (its failure is reported there).
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    /// Sending half `id` (HELLO, NOTIFY, its ABORT).
+    Send(u32),
+    /// Receiving half `id` (CREDIT, its ABORT).
+    Recv(u32),
 }
 
 struct NetState {
@@ -265,6 +278,8 @@ struct NetState {
     tx: Mem,
     tx_region: Region,
     tx_free: Vec<usize>,
+    /// Per message buffer in flight: whose message it carries.
+    tx_owner: Vec<Option<Owner>>,
     error: Option<Error>,
 }
 
@@ -298,6 +313,7 @@ impl Net {
                 tx,
                 tx_region,
                 tx_free: (0..TX_BUFS).collect(),
+                tx_owner: vec![None; TX_BUFS],
                 error: None,
             }),
         });
@@ -320,8 +336,8 @@ impl Net {
     }
 
     /// Queue a small control message to `dest` and post what the provider takes now.
-    fn send_msg(&self, st: &mut NetState, ep: usize, dest: u64, msg: &[u8]) -> Result<()> {
-        st.outbox.push_back(Outgoing::Msg { ep, dest, bytes: msg.to_vec() });
+    fn send_msg(&self, st: &mut NetState, ep: usize, dest: u64, msg: &[u8], owner: Owner) -> Result<()> {
+        st.outbox.push_back(Outgoing::Msg { ep, dest, bytes: msg.to_vec(), owner });
         self.flush(st)
     }
 
@@ -343,8 +359,9 @@ impl Net {
                         )?
                     }
                 }
-                Outgoing::Msg { ep, dest, bytes } => {
+                Outgoing::Msg { ep, dest, bytes, owner } => {
                     let Some(i) = st.tx_free.pop() else { return Ok(()) };
+                    st.tx_owner[i] = Some(*owner);
                     let len = bytes.len();
                     st.tx.bytes_mut()[i * MSG_BYTES..i * MSG_BYTES + len].copy_from_slice(bytes);
                     let p = st.tx.ptr();
@@ -401,7 +418,31 @@ impl Net {
                             s.error.get_or_insert(e);
                         }
                     }
-                    K_TXMSG => st.tx_free.push(low as usize),
+                    K_TXMSG => {
+                        let i = low as usize;
+                        st.tx_free.push(i);
+                        // the message's connection fails, naming the peer (a lost NOTIFY or
+                        // CREDIT would otherwise show only as a timeout)
+                        let what = |peer: usize| {
+                            Error::remote(format!("RDMA message to rank {peer} failed ({}): {status}", self.where_()))
+                                .with_peer(peer)
+                        };
+                        match st.tx_owner.get_mut(i).and_then(Option::take) {
+                            Some(Owner::Send(id)) => {
+                                if let Some(s) = st.sends.get_mut(&id) {
+                                    let e = what(s.peer);
+                                    s.error.get_or_insert(e);
+                                }
+                            }
+                            Some(Owner::Recv(id)) => {
+                                if let Some(r) = st.recvs.get_mut(&id) {
+                                    let e = what(r.peer);
+                                    r.error.get_or_insert(e);
+                                }
+                            }
+                            None => {}
+                        }
+                    }
                     _ => {
                         let e =
                             Error::new(ErrorKind::System, format!("RDMA receive failed ({}): {status}", self.where_()));
@@ -821,7 +862,7 @@ impl Transport for RdmaTransport {
             let mut st = self.net.st.lock().unwrap();
             let id = st.next_id;
             st.next_id += 1;
-            st.recvs.insert(id, RecvSide { token, notified: vec![0; self.cfg.slots], ..Default::default() });
+            st.recvs.insert(id, RecvSide { token, notified: vec![0; self.cfg.slots], peer, ..Default::default() });
             id
         };
         let blob = Blob {
@@ -870,7 +911,7 @@ impl Transport for RdmaTransport {
         hello[12..28].copy_from_slice(&b.token);
         hello[28..60].copy_from_slice(&proof(&self.ctx_secret(), &hello_context(self.net.ctx.comm_id, &b.token)));
         hello[HELLO_ADDRS..].copy_from_slice(&my_addrs);
-        self.net.send_msg(&mut st, 0, dests[0], &hello).map_err(|e| e.with_peer(peer))?;
+        self.net.send_msg(&mut st, 0, dests[0], &hello, Owner::Send(id)).map_err(|e| e.with_peer(peer))?;
         drop(st);
         Ok(Box::new(RdmaSend {
             net: self.net.clone(),
@@ -1055,7 +1096,7 @@ impl SendConn for RdmaSend {
     fn abort(&mut self) {
         let m = control(T_ABORT, self.remote_id, 0, false);
         let mut st = self.net.st.lock().unwrap();
-        let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m);
+        let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m, Owner::Send(self.id));
     }
 }
 
@@ -1107,7 +1148,7 @@ impl RdmaSend {
             });
         }
         let m = control(T_NOTIFY, self.remote_id, self.posted, false);
-        self.net.send_msg(&mut st, ep, dest, &m).map_err(|e| e.with_peer(self.peer))?;
+        self.net.send_msg(&mut st, ep, dest, &m, Owner::Send(self.id)).map_err(|e| e.with_peer(self.peer))?;
         self.posted += 1;
         Ok(())
     }
@@ -1164,6 +1205,9 @@ impl RecvConn for RdmaRecv {
                 self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
                 (here, aborted) = state(&st);
             }
+            if let Some(e) = st.recvs.get(&self.id).and_then(|r| r.error.clone()) {
+                return Err(e);
+            }
             if !here && aborted {
                 return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer));
             }
@@ -1194,7 +1238,7 @@ impl RecvConn for RdmaRecv {
         self.credited = self.next;
         let m = control(T_CREDIT, self.sender_id, self.next, false);
         let mut st = self.net.st.lock().unwrap();
-        self.net.send_msg(&mut st, 0, self.dest, &m).map_err(|e| e.with_peer(self.peer))
+        self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id)).map_err(|e| e.with_peer(self.peer))
     }
     fn arm(&mut self) -> Result<Option<WaitSource>> {
         self.net.arm()
@@ -1209,7 +1253,7 @@ impl RecvConn for RdmaRecv {
     fn abort(&mut self) {
         let m = control(T_ABORT, self.sender_id, 0, true);
         let mut st = self.net.st.lock().unwrap();
-        let _ = self.net.send_msg(&mut st, 0, self.dest, &m);
+        let _ = self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id));
     }
 }
 
@@ -1593,6 +1637,42 @@ mod tests {
         for part in ["rank 1", "verbs", "sim0", "transport retry counter exceeded"] {
             assert!(e.to_string().contains(part), "{part:?} missing from: {e}");
         }
+    }
+
+    /// A control message that fails (here a CREDIT to a sender whose device died) fails its
+    /// connection naming the peer, instead of leaving it to a timeout.
+    #[test]
+    fn verbs_failed_credit_is_named() {
+        let ((a, adev), (b, _)) = (open_sim(0, 2, 256, 1), open_sim(1, 2, 256, 1));
+        let (mut s, mut r) = connect(&a, &b);
+        // two messages arrive, then the sender's device dies before the receiver credits them
+        for seq in 0..2u64 {
+            let t = Instant::now();
+            while s.reserve().unwrap().is_none() {
+                assert!(t.elapsed() < Duration::from_secs(5));
+            }
+            s.commit(Header { len: 8, comm: 77, seq, count: 0, step: 0, call: 0 }).unwrap();
+        }
+        let t = Instant::now();
+        let mut got = 0;
+        while got < 2 {
+            s.progress().unwrap();
+            if r.peek().unwrap().is_some() {
+                if got == 1 {
+                    adev.kill();
+                }
+                r.consume().unwrap();
+                got += 1;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5));
+        }
+        let e = loop {
+            match r.peek() {
+                Err(e) => break e,
+                Ok(_) => assert!(t.elapsed() < Duration::from_secs(5), "the failed CREDIT went unnoticed"),
+            }
+        };
+        assert!(e.to_string().contains("rank 0") && e.to_string().contains("transport retry counter exceeded"), "{e}");
     }
 
     #[test]

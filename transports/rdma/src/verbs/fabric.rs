@@ -441,18 +441,17 @@ impl Fabric for VerbsFabric {
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let mut sets = self.inner.sets.lock().unwrap();
         loop {
-            let known = sets
-                .iter()
-                .enumerate()
-                .find_map(|(i, s)| s.as_ref().filter(|s| s.nonce == a.nonce).map(|s| (i, s.ready)));
-            match known {
-                Some((i, true)) => return Ok(((i as u64) << 8) | a.ep as u64),
-                // the peer is connecting to us: its set is ready once it confirms
-                Some((_, false)) if Instant::now() < deadline => {
-                    sets = self.inner.changed.wait_timeout(sets, Duration::from_millis(50)).unwrap().0;
-                }
-                _ => break,
+            let of_peer = || {
+                sets.iter().enumerate().filter_map(|(i, s)| Some((i, s.as_ref()?))).filter(|(_, s)| s.nonce == a.nonce)
+            };
+            if let Some((i, _)) = of_peer().find(|(_, s)| s.ready) {
+                return Ok(((i as u64) << 8) | a.ep as u64);
             }
+            // the peer is connecting to us: its set is ready once it confirms
+            if of_peer().next().is_none() || Instant::now() >= deadline {
+                break;
+            }
+            sets = self.inner.changed.wait_timeout(sets, Duration::from_millis(50)).unwrap().0;
         }
         drop(sets);
         let i = self.inner.initiate(&a)?;
