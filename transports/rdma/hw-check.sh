@@ -33,6 +33,10 @@ probe() {
   echo "== the verbs backend on this machine's device: 2 ranks on loopback (NCCL_SHM_DISABLE=1)"
   (cd "$ROOT" && OXCCL_NET=ib NCCL_SHM_DISABLE=1 OXCCL_DEBUG=INFO OXCCL_TIMEOUT=60 \
     "$PERF" --np 2 --coll all -d all -o all -b 8 -e 16M -f 16 -c 1 -n 2 -w 1 2>&1 | tail -25)
+  if command -v nvidia-smi >/dev/null; then
+    echo "== GPUDirect RDMA: device memory (dma-buf) registered and written by the adapter"
+    (cd "$ROOT" && cargo test --release -q -p oxccl-cuda --test gpudirect -- --nocapture)
+  fi
   echo "== the RDMA protocol over this machine's first hardware provider, on loopback"
   prov=$(fi_info -t FI_EP_RDM -c FI_RMA 2>/dev/null | awk '/provider:/ {print $2}' | grep -v -E '^(tcp|sockets|udp|shm)' | head -1)
   if [ -n "$prov" ]; then
