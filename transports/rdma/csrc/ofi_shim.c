@@ -199,6 +199,14 @@ ssize_t oxf_write(struct oxf_ctx* c, int ep, const void* buf, size_t len, void* 
                   uint64_t key, void* ctx) {
   return fi_write(c->ep[ep], buf, len, desc, dest, raddr, key, ctx);
 }
+/* A write whose target gets a completion carrying `data` (remote CQ data): the write and its
+ * notification in one operation. */
+ssize_t oxf_write_data(struct oxf_ctx* c, int ep, const void* buf, size_t len, void* desc, uint64_t data, uint64_t dest,
+                       uint64_t raddr, uint64_t key, void* ctx) {
+  return fi_writedata(c->ep[ep], buf, len, desc, data, dest, raddr, key, ctx);
+}
+/* Bytes of remote CQ data the domain carries (0: none). */
+size_t oxf_cq_data_size(struct oxf_ctx* c) { return c->info->domain_attr->cq_data_size; }
 ssize_t oxf_send(struct oxf_ctx* c, int ep, const void* buf, size_t len, void* desc, uint64_t dest, void* ctx) {
   return fi_send(c->ep[ep], buf, len, desc, dest, ctx);
 }
@@ -213,6 +221,7 @@ struct oxf_cqe {
   uint64_t len;
   int32_t err; /* 0, or a positive FI_* error number */
   int32_t prov_errno;
+  uint64_t data; /* remote CQ data, with FI_REMOTE_CQ_DATA in flags */
 };
 
 /* Up to n completions: >= 0 entries read (0: none), or a negative error of the CQ itself. An
@@ -232,6 +241,7 @@ ssize_t oxf_cq_read(struct oxf_ctx* c, struct oxf_cqe* out, size_t n) {
     out[0].len = ee.len;
     out[0].err = ee.err ? ee.err : FI_EOTHER;
     out[0].prov_errno = ee.prov_errno;
+    out[0].data = 0;
     return 1;
   }
   if (r < 0) return r;
@@ -241,6 +251,7 @@ ssize_t oxf_cq_read(struct oxf_ctx* c, struct oxf_cqe* out, size_t n) {
     out[i].len = e[i].len;
     out[i].err = 0;
     out[i].prov_errno = 0;
+    out[i].data = e[i].data;
   }
   return r;
 }
@@ -253,3 +264,4 @@ int oxf_trywait(struct oxf_ctx* c) {
 
 int oxf_eagain(void) { return -FI_EAGAIN; }
 uint64_t oxf_flag_recv(void) { return FI_RECV; }
+uint64_t oxf_flag_remote_cq_data(void) { return FI_REMOTE_CQ_DATA; }

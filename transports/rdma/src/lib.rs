@@ -63,6 +63,9 @@ pub struct Completion {
     pub len: usize,
     /// The status of an error completion.
     pub error: Option<String>,
+    /// The notification carried by a peer's [`Fabric::write_notify`] that landed here (its
+    /// token is the receive it consumed, if the backend consumes one, else 0).
+    pub data: Option<u32>,
 }
 
 /// What the protocol needs from an RDMA backend: one endpoint with an address vector and a
@@ -111,6 +114,31 @@ pub trait Fabric: Send + Sync {
         key: u64,
         token: u64,
     ) -> Result<bool>;
+    /// Whether [`Fabric::write_notify`] is offered (verbs: write with immediate; libfabric:
+    /// remote CQ data).
+    fn notify_writes(&self) -> bool {
+        false
+    }
+    /// A one-sided write whose target gets a completion carrying `data` once the bytes are in
+    /// place: the write and its notification in one operation.
+    ///
+    /// # Safety
+    /// As for [`Fabric::write`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn write_notify(
+        &self,
+        _ep: usize,
+        _buf: *const u8,
+        _len: usize,
+        _desc: usize,
+        _dest: u64,
+        _raddr: u64,
+        _key: u64,
+        _data: u32,
+        _token: u64,
+    ) -> Result<bool> {
+        Err(Error::new(ErrorKind::Unavailable, format!("{} has no write with notification", self.provider())))
+    }
     /// Send a message; `Ok(false)`: retry after progress.
     ///
     /// # Safety
@@ -255,8 +283,19 @@ enum Outgoing {
     Recv(usize),
     /// A control message, and the connection it belongs to.
     Msg { ep: usize, dest: u64, bytes: Vec<u8>, owner: Owner },
-    /// An RDMA write of a staging slot (the slot stays busy until its completion).
-    Write { ep: usize, src: usize, len: usize, desc: usize, dest: u64, raddr: u64, key: u64, token: u64 },
+    /// An RDMA write of a staging slot (the slot stays busy until its completion), with the
+    /// notification the target gets, if the write carries it.
+    Write {
+        ep: usize,
+        src: usize,
+        len: usize,
+        desc: usize,
+        dest: u64,
+        raddr: u64,
+        key: u64,
+        token: u64,
+        notify: Option<u32>,
+    },
 }
 
 /// The connection a control message belongs to (its failure is reported there).
@@ -290,6 +329,9 @@ struct Net {
     st: Mutex<NetState>,
     /// Registrations of user memory (large messages are written from where they lie).
     user: std::sync::OnceLock<Option<memmon::Watched<Region>>>,
+    /// Messages go as one write carrying its notification (the backend offers it, and
+    /// `OXCCL_NET_WRITE_NOTIFY` is not `0`).
+    write_notify: bool,
 }
 
 impl Net {
@@ -299,10 +341,13 @@ impl Net {
         // SAFETY: both pools live in NetState, inside the Net that owns the fabric, and are
         // deregistered in Net's Drop before they are freed.
         let (rx_region, tx_region) = unsafe { (fab.register(rx.ptr(), rx.len())?, fab.register(tx.ptr(), tx.len())?) };
+        let write_notify =
+            fab.notify_writes() && std::env::var("OXCCL_NET_WRITE_NOTIFY").map_or(true, |v| v.trim() != "0");
         let net = Arc::new(Net {
             fab,
             ctx,
             user: std::sync::OnceLock::new(),
+            write_notify,
             st: Mutex::new(NetState {
                 next_id: 1,
                 outbox: std::collections::VecDeque::new(),
@@ -374,10 +419,17 @@ impl Net {
                     }
                     ok
                 }
-                &Outgoing::Write { ep, src, len, desc, dest, raddr, key, token } => {
+                &Outgoing::Write { ep, src, len, desc, dest, raddr, key, token, notify } => {
                     // SAFETY: a staging slot marked busy until this write's completion; its ring
                     // is deregistered and freed only after the busy flags cleared.
-                    unsafe { self.fab.write(ep, src as *const u8, len, desc, dest, raddr, key, token)? }
+                    unsafe {
+                        match notify {
+                            Some(n) => {
+                                self.fab.write_notify(ep, src as *const u8, len, desc, dest, raddr, key, n, token)?
+                            }
+                            None => self.fab.write(ep, src as *const u8, len, desc, dest, raddr, key, token)?,
+                        }
+                    }
                 }
             };
             if !posted {
@@ -450,6 +502,14 @@ impl Net {
                         return Err(e);
                     }
                 }
+                continue;
+            }
+            if let Some(n) = c.data {
+                // a peer's write with notification landed (on verbs it consumed a receive)
+                if kind == K_RX {
+                    self.post_rx(st, low as usize)?;
+                }
+                notified_slot(st, n >> 16, (n & 0xffff) as usize);
                 continue;
             }
             match kind {
@@ -584,6 +644,20 @@ impl Drop for Net {
         let st = self.st.get_mut().unwrap();
         self.fab.deregister(&st.rx_region);
         self.fab.deregister(&st.tx_region);
+    }
+}
+
+/// Message `v` of receiving connection `id` is in slot `slot`, known from a write with
+/// notification, which carries the slot, not the index: the slot's previous message was index
+/// `prev` (or none), and a slot is written again only after its previous message was consumed,
+/// so this one is `prev + slots` (or `slot`, the first time).
+fn notified_slot(st: &mut NetState, id: u32, slot: usize) {
+    if let Some(r) = st.recvs.get_mut(&id) {
+        let slots = r.notified.len();
+        if let Some(prev) = r.notified.get(slot).copied() {
+            let v = if prev == 0 { slot as u64 } else { prev - 1 + slots as u64 };
+            r.notified[slot] = v + 1;
+        }
     }
 }
 
@@ -1133,8 +1207,22 @@ impl RdmaSend {
         let ep = (self.posted % self.net.fab.endpoints() as u64) as usize;
         let dest = self.dests[(self.posted % self.dests.len() as u64) as usize];
         let raddr = self.raddr + (slot * sb) as u64;
+        // a message copied into its slot goes as one write that carries its notification where
+        // the backend offers that (the slot in the low 16 bits: ids must fit the high 16)
+        let notify = (user.is_none() && self.net.write_notify && self.remote_id < 1 << 16)
+            .then_some((self.remote_id << 16) | slot as u32);
         // the staging slot (and user memory) stay untouched until the writes complete (busy)
-        st.outbox.push_back(Outgoing::Write { ep, src: src as usize, len, desc, dest, raddr, key: self.key, token });
+        st.outbox.push_back(Outgoing::Write {
+            ep,
+            src: src as usize,
+            len,
+            desc,
+            dest,
+            raddr,
+            key: self.key,
+            token,
+            notify,
+        });
         if let Some((addr, desc, _)) = user {
             st.outbox.push_back(Outgoing::Write {
                 ep,
@@ -1145,10 +1233,15 @@ impl RdmaSend {
                 raddr: raddr + SLOT_HEADER as u64,
                 key: self.key,
                 token: token | USER_WRITE,
+                notify: None,
             });
         }
-        let m = control(T_NOTIFY, self.remote_id, self.posted, false);
-        self.net.send_msg(&mut st, ep, dest, &m, Owner::Send(self.id)).map_err(|e| e.with_peer(self.peer))?;
+        if notify.is_some() {
+            self.net.flush(&mut st).map_err(|e| e.with_peer(self.peer))?;
+        } else {
+            let m = control(T_NOTIFY, self.remote_id, self.posted, false);
+            self.net.send_msg(&mut st, ep, dest, &m, Owner::Send(self.id)).map_err(|e| e.with_peer(self.peer))?;
+        }
         self.posted += 1;
         Ok(())
     }

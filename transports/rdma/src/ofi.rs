@@ -17,6 +17,7 @@ mod sys {
         pub len: u64,
         pub err: i32,
         pub prov_errno: i32,
+        pub data: u64,
     }
 
     extern "C" {
@@ -55,6 +56,20 @@ mod sys {
             key: u64,
             ctx: *mut c_void,
         ) -> isize;
+        pub fn oxf_write_data(
+            c: *mut c_void,
+            ep: c_int,
+            buf: *const c_void,
+            len: usize,
+            desc: *mut c_void,
+            data: u64,
+            dest: u64,
+            raddr: u64,
+            key: u64,
+            ctx: *mut c_void,
+        ) -> isize;
+        pub fn oxf_cq_data_size(c: *mut c_void) -> usize;
+        pub fn oxf_flag_remote_cq_data() -> u64;
         pub fn oxf_send(
             c: *mut c_void,
             ep: c_int,
@@ -255,6 +270,39 @@ impl Fabric for Ofi {
         };
         self.posted("fi_write", r)
     }
+    fn notify_writes(&self) -> bool {
+        // SAFETY: a live context.
+        unsafe { sys::oxf_cq_data_size(self.ctx) >= 4 }
+    }
+    unsafe fn write_notify(
+        &self,
+        ep: usize,
+        buf: *const u8,
+        len: usize,
+        desc: usize,
+        dest: u64,
+        raddr: u64,
+        key: u64,
+        data: u32,
+        token: u64,
+    ) -> Result<bool> {
+        // SAFETY: as for write.
+        let r = unsafe {
+            sys::oxf_write_data(
+                self.ctx,
+                ep as i32,
+                buf.cast(),
+                len,
+                desc as *mut c_void,
+                data as u64,
+                dest,
+                raddr,
+                key,
+                token as *mut c_void,
+            )
+        };
+        self.posted("fi_writedata", r)
+    }
     unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
         // SAFETY: as for write.
         let r = unsafe {
@@ -269,7 +317,9 @@ impl Fabric for Ofi {
         self.posted("fi_recv", r)
     }
     fn poll(&self, out: &mut Vec<Completion>) -> Result<()> {
-        let mut e = [sys::Cqe { ctx: std::ptr::null_mut(), flags: 0, len: 0, err: 0, prov_errno: 0 }; 16];
+        let mut e = [sys::Cqe { ctx: std::ptr::null_mut(), flags: 0, len: 0, err: 0, prov_errno: 0, data: 0 }; 16];
+        // SAFETY: returns a constant.
+        let remote_data = unsafe { sys::oxf_flag_remote_cq_data() };
         loop {
             // SAFETY: an array of 16 entries.
             let n = unsafe { sys::oxf_cq_read(self.ctx, e.as_mut_ptr(), e.len()) };
@@ -282,7 +332,9 @@ impl Fabric for Ofi {
                     let s = cstr(unsafe { sys::oxf_strerror(c.err) });
                     format!("{s} (provider errno {})", c.prov_errno)
                 });
-                out.push(Completion { token: c.ctx as u64, len: c.len as usize, error: status });
+                // a write with remote CQ data that landed here consumes no receive (no token)
+                let data = (c.err == 0 && c.flags & remote_data != 0).then_some(c.data as u32);
+                out.push(Completion { token: c.ctx as u64, len: c.len as usize, error: status, data });
             }
             if (n as usize) < e.len() {
                 return Ok(());

@@ -27,6 +27,9 @@ pub struct SendWr {
     pub remote_addr: u64,
     /// Remote key (writes).
     pub rkey: u32,
+    /// Immediate data: an RDMA write with immediate (the target consumes a receive and gets
+    /// a completion carrying it).
+    pub imm: Option<u32>,
 }
 
 /// One work completion.
@@ -40,6 +43,8 @@ pub struct Wc {
     pub byte_len: u32,
     /// Vendor error code.
     pub vendor_err: u32,
+    /// Immediate data of a write with immediate that landed here.
+    pub imm: Option<u32>,
 }
 
 /// A memory registration on a device: its handle and keys.
@@ -325,9 +330,13 @@ impl Device for HwDevice {
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
-            opcode: if wr.write { IBV_WR_RDMA_WRITE } else { IBV_WR_SEND },
+            opcode: match (wr.write, wr.imm) {
+                (true, Some(_)) => IBV_WR_RDMA_WRITE_WITH_IMM,
+                (true, None) => IBV_WR_RDMA_WRITE,
+                _ => IBV_WR_SEND,
+            },
             send_flags: IBV_SEND_SIGNALED,
-            imm_data: 0,
+            imm_data: wr.imm.unwrap_or(0).to_be(),
             remote_addr: wr.remote_addr,
             rkey: wr.rkey,
             _rest: [0; 76],
@@ -380,7 +389,8 @@ impl Device for HwDevice {
                 return Err(Error::new(ErrorKind::System, format!("ibv_poll_cq on {} failed", self.name)));
             }
             for w in &wc[..n as usize] {
-                out.push(Wc { wr_id: w.wr_id, status: w.status, byte_len: w.byte_len, vendor_err: w.vendor_err });
+                let imm = (w.status == 0 && w.opcode == IBV_WC_RECV_RDMA_WITH_IMM).then(|| u32::from_be(w.imm_data));
+                out.push(Wc { wr_id: w.wr_id, status: w.status, byte_len: w.byte_len, vendor_err: w.vendor_err, imm });
             }
             if n < 32 {
                 return Ok(());

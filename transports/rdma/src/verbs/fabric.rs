@@ -489,8 +489,38 @@ impl Fabric for VerbsFabric {
             lkey: desc as u32,
             remote_addr: raddr,
             rkey: key as u32,
+            imm: None,
         };
         // SAFETY: the caller keeps the buffer (Fabric::write).
+        unsafe { self.inner.dev.post(qpn, &wr) }
+    }
+    fn notify_writes(&self) -> bool {
+        true
+    }
+    unsafe fn write_notify(
+        &self,
+        ep: usize,
+        buf: *const u8,
+        len: usize,
+        desc: usize,
+        dest: u64,
+        raddr: u64,
+        key: u64,
+        data: u32,
+        token: u64,
+    ) -> Result<bool> {
+        let qpn = self.qp(ep, dest)?;
+        let wr = SendWr {
+            wr_id: token,
+            write: true,
+            addr: buf as u64,
+            len: len as u32,
+            lkey: desc as u32,
+            remote_addr: raddr,
+            rkey: key as u32,
+            imm: Some(data),
+        };
+        // SAFETY: as for write.
         unsafe { self.inner.dev.post(qpn, &wr) }
     }
     unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
@@ -503,6 +533,7 @@ impl Fabric for VerbsFabric {
             lkey: desc as u32,
             remote_addr: 0,
             rkey: 0,
+            imm: None,
         };
         // SAFETY: as for write.
         unsafe { self.inner.dev.post(qpn, &wr) }
@@ -523,7 +554,7 @@ impl Fabric for VerbsFabric {
                     w.vendor_err
                 )
             });
-            out.push(Completion { token: w.wr_id, len: w.byte_len as usize, error });
+            out.push(Completion { token: w.wr_id, len: w.byte_len as usize, error, data: w.imm });
         }
         Ok(())
     }

@@ -32,11 +32,18 @@ struct Dev {
     /// rkey → (address, length).
     mrs: HashMap<u32, (u64, usize)>,
     srq: Vec<VecDeque<(u64, u64, u32)>>,
-    /// Sends that found no receive posted: (bytes, receiving endpoint).
-    rnr: Vec<VecDeque<Vec<u8>>>,
+    /// Sends (bytes) and writes with immediate (the immediate) that found no receive posted.
+    rnr: Vec<VecDeque<Arrival>>,
     cq: VecDeque<Wc>,
     armed: bool,
     efd: i32,
+}
+
+/// What consumes a receive.
+#[derive(Clone)]
+enum Arrival {
+    Send(Vec<u8>),
+    Imm(u32),
 }
 
 #[derive(Default)]
@@ -139,7 +146,7 @@ fn fail(w: &mut World, id: u64, qpn: u32, wr_id: u64, status: i32) {
     if let Some(q) = d.qps.get_mut(&qpn) {
         q.state = QpState::Error;
     }
-    push_wc(d, Wc { wr_id, status, byte_len: 0, vendor_err: 0x81 });
+    push_wc(d, Wc { wr_id, status, byte_len: 0, vendor_err: 0x81, imm: None });
 }
 
 impl Device for SimDevice {
@@ -228,9 +235,14 @@ impl Device for SimDevice {
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), wr.remote_addr as *mut u8, bytes.len());
                 }
+                if let Some(imm) = wr.imm {
+                    let d = w.devs.get_mut(&peer).unwrap();
+                    d.rnr[rep].push_back(Arrival::Imm(imm));
+                    deliver(d, rep);
+                }
             } else {
                 let d = w.devs.get_mut(&peer).unwrap();
-                d.rnr[rep].push_back(bytes);
+                d.rnr[rep].push_back(Arrival::Send(bytes));
                 deliver(d, rep);
             }
             push_wc(
@@ -290,11 +302,17 @@ fn push_wc_wake(d: &mut Dev) {
 /// Match queued sends with posted receives on endpoint `ep`.
 fn deliver(d: &mut Dev, ep: usize) {
     while !d.rnr[ep].is_empty() && !d.srq[ep].is_empty() {
-        let bytes = d.rnr[ep].pop_front().unwrap();
+        let arrival = d.rnr[ep].pop_front().unwrap();
         let (wr_id, addr, len) = d.srq[ep].pop_front().unwrap();
-        let n = bytes.len().min(len as usize);
-        // SAFETY: a posted receive buffer, kept by its owner until this completion.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, n) };
-        push_wc(d, Wc { wr_id, status: WC_SUCCESS, byte_len: n as u32, vendor_err: 0 });
+        let wc = match arrival {
+            Arrival::Send(bytes) => {
+                let n = bytes.len().min(len as usize);
+                // SAFETY: a posted receive buffer, kept by its owner until this completion.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, n) };
+                Wc { wr_id, status: WC_SUCCESS, byte_len: n as u32, vendor_err: 0, imm: None }
+            }
+            Arrival::Imm(imm) => Wc { wr_id, status: WC_SUCCESS, byte_len: 0, vendor_err: 0, imm: Some(imm) },
+        };
+        push_wc(d, wc);
     }
 }
