@@ -130,7 +130,7 @@ def net_section(data, machine, rounds):
           f"From one run of `bench/compare.sh REPS ofi` ({rounds} interleaved rounds; medians): oxccl over libfabric,",
           "oxccl's own TCP, Open MPI with `pml cm` + `mtl ofi` on the same provider, and Open MPI's TCP BTL.",
           "The provider is libfabric's software emulation over TCP sockets, so this measures the protocol's",
-          "cost (a write and a NOTIFY per chunk, a CREDIT per half ring, manual progress), not RDMA hardware.", "", machine]
+          "cost (one write carrying its notification per chunk, a CREDIT per half ring, manual progress), not RDMA hardware.", "", machine]
     for n in (2, 4):
         if not data.get(f"oxccl-ofi-{n}"):
             continue

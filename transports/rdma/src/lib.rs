@@ -1,8 +1,9 @@
 //! # oxccl-transport-rdma: one-sided RDMA between hosts
 //!
 //! One protocol over a small backend trait ([`Fabric`]): libfabric RDM endpoints ([`ofi`],
-//! tested here with `tcp;ofi_rxm`) and InfiniBand/RoCE verbs ([`verbs`]: device discovery and
-//! selection only so far; see `docs/transports.md`).
+//! tested here with `tcp;ofi_rxm`) and InfiniBand/RoCE verbs ([`verbs`]: reliable-connected
+//! queue pairs, tested on simulated devices; nothing has run on RDMA hardware, see
+//! `docs/transports.md`).
 //!
 //! ## The protocol (per connection, sender → receiver)
 //! - The receiver registers a ring of `slots` slots of `64 + max_message` bytes and publishes,
@@ -11,10 +12,14 @@
 //! - The sender inserts that address, registers a staging ring of the same shape, and sends a
 //!   HELLO message carrying its own address, its connection id and a proof (keyed by the job
 //!   secret) over the token; the receiver accepts only a valid proof for a token it issued.
-//! - A message: the sender writes header + payload into its staging slot, RDMA-writes the slot
-//!   into the receiver's slot `index % slots` (one-sided), then sends a NOTIFY message with the
-//!   index. Send-after-write ordering (`FI_ORDER_SAW`, requested from the provider) makes the
-//!   payload visible before the notification.
+//! - A message: the sender writes header + payload into its staging slot and RDMA-writes the
+//!   slot into the receiver's slot `index % slots` (one-sided). The write carries its own
+//!   notification where the backend offers it (verbs' write with immediate, libfabric's remote
+//!   CQ data: connection id and slot); otherwise a NOTIFY message with the index follows it on
+//!   the same endpoint pair, and send-after-write ordering (`FI_ORDER_SAW`, requested from the
+//!   provider; in order on an RC queue pair) makes the payload visible before the notification.
+//!   Large messages of large operations are written from the user's buffer through the
+//!   registration cache ([`regcache`], [`memmon`]) instead of being copied first.
 //! - Credits: the receiver returns the number of messages it consumed in CREDIT messages; the
 //!   sender never has more than `slots` messages unconsumed, so a slot is never overwritten
 //!   before it was read.
