@@ -194,6 +194,20 @@ fn recv_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     Ok(b)
 }
 
+/// A send of `[buf, buf+len)` (the fields a write adds are set by the caller).
+fn local(token: u64, buf: *const u8, len: usize, desc: usize) -> SendWr {
+    SendWr {
+        wr_id: token,
+        write: false,
+        addr: buf as u64,
+        len: len as u32,
+        lkey: desc as u32,
+        remote_addr: 0,
+        rkey: 0,
+        imm: None,
+    }
+}
+
 fn proof_context(h: &Hello) -> Vec<u8> {
     let mut c = b"oxccl-ib-handshake".to_vec();
     c.extend_from_slice(&h.signed_part());
@@ -402,6 +416,16 @@ impl VerbsFabric {
         Ok(VerbsFabric { inner, cm, listener: Some(t), stash: Mutex::new(Vec::new()) })
     }
 
+    /// Post `wr` on the queue pair of local endpoint `ep` and destination `dest`.
+    ///
+    /// # Safety
+    /// The local buffer stays valid until the completion of `wr.wr_id`.
+    unsafe fn post(&self, ep: usize, dest: u64, wr: &SendWr) -> Result<bool> {
+        let qpn = self.qp(ep, dest)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.inner.dev.post(qpn, wr) }
+    }
+
     /// The queue pair for local endpoint `ep` and destination `dest`.
     fn qp(&self, ep: usize, dest: u64) -> Result<u32> {
         let (set, rep) = ((dest >> 8) as usize, (dest & 0xff) as usize);
@@ -480,19 +504,9 @@ impl Fabric for VerbsFabric {
         key: u64,
         token: u64,
     ) -> Result<bool> {
-        let qpn = self.qp(ep, dest)?;
-        let wr = SendWr {
-            wr_id: token,
-            write: true,
-            addr: buf as u64,
-            len: len as u32,
-            lkey: desc as u32,
-            remote_addr: raddr,
-            rkey: key as u32,
-            imm: None,
-        };
+        let wr = SendWr { write: true, remote_addr: raddr, rkey: key as u32, ..local(token, buf, len, desc) };
         // SAFETY: the caller keeps the buffer (Fabric::write).
-        unsafe { self.inner.dev.post(qpn, &wr) }
+        unsafe { self.post(ep, dest, &wr) }
     }
     fn notify_writes(&self) -> bool {
         true
@@ -509,34 +523,19 @@ impl Fabric for VerbsFabric {
         data: u32,
         token: u64,
     ) -> Result<bool> {
-        let qpn = self.qp(ep, dest)?;
         let wr = SendWr {
-            wr_id: token,
             write: true,
-            addr: buf as u64,
-            len: len as u32,
-            lkey: desc as u32,
             remote_addr: raddr,
             rkey: key as u32,
             imm: Some(data),
+            ..local(token, buf, len, desc)
         };
         // SAFETY: as for write.
-        unsafe { self.inner.dev.post(qpn, &wr) }
+        unsafe { self.post(ep, dest, &wr) }
     }
     unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
-        let qpn = self.qp(ep, dest)?;
-        let wr = SendWr {
-            wr_id: token,
-            write: false,
-            addr: buf as u64,
-            len: len as u32,
-            lkey: desc as u32,
-            remote_addr: 0,
-            rkey: 0,
-            imm: None,
-        };
         // SAFETY: as for write.
-        unsafe { self.inner.dev.post(qpn, &wr) }
+        unsafe { self.post(ep, dest, &local(token, buf, len, desc)) }
     }
     unsafe fn post_recv(&self, ep: usize, buf: *mut u8, len: usize, desc: usize, token: u64) -> Result<bool> {
         // SAFETY: the caller keeps the buffer until its completion (Fabric::post_recv).
