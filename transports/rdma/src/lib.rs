@@ -1097,7 +1097,7 @@ impl RdmaSend {
     /// Room for the next message: fewer than `slots` unconsumed, and its staging slot free.
     fn room(&self, st: &NetState) -> bool {
         let s = &st.sends[&self.id];
-        self.posted - s.credits < self.slots as u64 && s.busy[(self.posted % self.slots as u64) as usize] == 0
+        self.posted - s.credits < self.slots as u64 && s.busy[self.slot()] == 0
     }
 }
 
@@ -1109,7 +1109,7 @@ impl SendConn for RdmaSend {
         if !self.make_room()? {
             return Ok(None);
         }
-        let slot = (self.posted % self.slots as u64) as usize;
+        let slot = self.slot();
         let (sb, max) = (self.slot_bytes, self.max_message());
         let ring = &mut self.ring.as_mut().unwrap().0;
         Ok(Some(&mut ring.bytes_mut()[slot * sb + SLOT_HEADER..slot * sb + SLOT_HEADER + max]))
@@ -1141,7 +1141,7 @@ impl SendConn for RdmaSend {
             Some((id, region, _)) => self.publish(header, Some((addr, region.desc, id))),
             None => {
                 // memory the cache cannot watch: copied into the staging slot instead
-                let slot = (self.posted % self.slots as u64) as usize;
+                let slot = self.slot();
                 let sb = self.slot_bytes;
                 let ring = &mut self.ring.as_mut().unwrap().0;
                 // SAFETY: commit_borrowed's contract: `addr` holds `header.len` readable bytes
@@ -1180,6 +1180,11 @@ impl SendConn for RdmaSend {
 }
 
 impl RdmaSend {
+    /// The staging (and remote) slot of the next message.
+    fn slot(&self) -> usize {
+        (self.posted % self.slots as u64) as usize
+    }
+
     /// Whether the next message has room, after progress if needed.
     fn make_room(&mut self) -> Result<bool> {
         let mut st = self.net.st.lock().unwrap();
@@ -1195,7 +1200,7 @@ impl RdmaSend {
     /// Post message `posted`: the staging slot's header (and payload, unless `user` names the
     /// payload in user memory: address, local descriptor, cache entry), then its NOTIFY.
     fn publish(&mut self, header: Header, user: Option<(usize, usize, u64)>) -> Result<()> {
-        let slot = (self.posted % self.slots as u64) as usize;
+        let slot = self.slot();
         let sb = self.slot_bytes;
         let (ring, region) = self.ring.as_mut().unwrap();
         ring.bytes_mut()[slot * sb..slot * sb + HEADER_BYTES].copy_from_slice(&header.encode());

@@ -227,6 +227,10 @@ impl<R: Copy + Send> Watched<R> {
             }
             let (ranges, n, overflow) = {
                 let mut q = self.queue.lock().unwrap();
+                // the common case, on every progress call: nothing queued, nothing copied
+                if q.len == 0 && !q.overflow {
+                    return;
+                }
                 let out = (q.ranges, q.len, q.overflow);
                 q.len = 0;
                 q.overflow = false;
@@ -237,9 +241,6 @@ impl<R: Copy + Send> Watched<R> {
             }
             for &(s, e) in &ranges[..n] {
                 dead.extend(cache.invalidate(s, e - s));
-            }
-            if n == 0 && !overflow {
-                return;
             }
         }
     }

@@ -64,9 +64,7 @@ fn world<T>(f: impl FnOnce(&mut World) -> T) -> T {
 fn push_wc(d: &mut Dev, wc: Wc) {
     d.cq.push_back(wc);
     if std::mem::take(&mut d.armed) {
-        let one = 1u64;
-        // SAFETY: an 8-byte write to our eventfd.
-        unsafe { libc::write(d.efd, (&one as *const u64).cast(), 8) };
+        wake(d);
     }
 }
 
@@ -283,7 +281,7 @@ impl Device for SimDevice {
             if d.cq.is_empty() {
                 d.armed = true;
             } else {
-                push_wc_wake(d);
+                wake(d);
             }
         });
         Ok(())
@@ -293,7 +291,8 @@ impl Device for SimDevice {
     }
 }
 
-fn push_wc_wake(d: &mut Dev) {
+/// Make the device's descriptor readable.
+fn wake(d: &Dev) {
     let one = 1u64;
     // SAFETY: an 8-byte write to our eventfd.
     unsafe { libc::write(d.efd, (&one as *const u64).cast(), 8) };
