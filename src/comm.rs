@@ -762,8 +762,9 @@ fn split<'a, T: Element>(send: &'a [T], recv: &'a mut [T]) -> OpMem<'a> {
 }
 
 /// The network between hosts: `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`, `ib`); asked for and not
-/// available is an error naming why. Unset: libfabric is used when the ranks span hosts and it
-/// offers a provider that is not itself TCP or sockets (EFA, CXI, verbs), else oxccl's TCP.
+/// available is an error naming why. Unset, when the ranks span hosts: verbs if a device opens,
+/// else libfabric if it offers a provider that is not itself TCP or sockets (EFA, CXI, verbs),
+/// else oxccl's TCP.
 fn open_net(
     ctx: &TransportCtx,
     peers: &[PeerInfo],
@@ -782,11 +783,9 @@ fn open_net(
             // automatic: verbs if a device is there, else a fast libfabric provider if it has
             // one (probed once per process); its TCP/sockets emulation is not faster than
             // oxccl's own sockets
-            if oxccl_transport_rdma::verbs::devices().is_ok_and(|d| !d.is_empty()) {
-                match RdmaTransport::open(&NetChoice::Ib, ctx.clone(), peers[rank].ip, rcfg.clone()) {
-                    Ok(t) => return Ok(Some(t)),
-                    Err(e) => tracing::info!("NET/IB not used: {e}"),
-                }
+            match RdmaTransport::open(&NetChoice::Ib, ctx.clone(), peers[rank].ip, rcfg.clone()) {
+                Ok(t) => return Ok(Some(t)),
+                Err(e) => tracing::debug!("NET/IB not used: {e}"),
             }
             if !oxccl_transport_rdma::hardware_provider_available() {
                 return Ok(None);
@@ -1350,11 +1349,7 @@ impl<'a> Group<'a> {
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
             sh.record(seq, fp, sched.clone(), now);
-            let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
-            // single copy: each connection says from which operation size it pays off
-            run.borrow_min = 4096;
-            run.op_bytes = d.count * d.dtype.size();
-            runs.push(run);
+            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
         // and nothing allocated, when every connection exists: the steady state)

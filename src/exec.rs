@@ -319,13 +319,12 @@ pub struct OpRun<'a> {
     rx_idx: Vec<u32>,
     /// What the op waits on, if it is blocked.
     pub blocked: Option<Blocked>,
-    /// Send values of at least this many bytes by reference where the transport and the
-    /// schedule allow (single copy); `usize::MAX` never.
-    pub borrow_min: usize,
-    /// The operation's size (count × type size): connections send by reference only in
-    /// operations of at least their [`oxccl_transport::SendConn::borrow_min_op`].
-    pub op_bytes: usize,
 }
+
+/// Messages of at least this many bytes are sent by reference (single copy) where the
+/// schedule, the transport and the operation's size (count × type size, at least the
+/// connection's [`oxccl_transport::SendConn::borrow_min_op`]) allow.
+const BORROW_MIN: usize = 4096;
 
 impl<'a> OpRun<'a> {
     /// A new op at step 0.
@@ -353,8 +352,6 @@ impl<'a> OpRun<'a> {
             tx_idx: vec![0; nranks],
             rx_idx: vec![0; nranks],
             blocked: None,
-            borrow_min: usize::MAX,
-            op_bytes: 0,
         }
     }
 
@@ -379,8 +376,6 @@ impl<'a> OpRun<'a> {
             tx_idx: self.tx_idx,
             rx_idx: self.rx_idx,
             blocked: self.blocked,
-            borrow_min: self.borrow_min,
-            op_bytes: self.op_bytes,
         })
     }
 
@@ -424,7 +419,8 @@ impl<'a> OpRun<'a> {
                 return Err(Error::internal("step larger than the connection's messages"));
             }
             let premul_input = |v: Slice| matches!(self.fp.op, ReduceOp::PreMulSum(_)) && v.buf == Buf::Input;
-            let candidate = (split && len >= self.borrow_min && self.op_bytes >= c.borrow_min_op())
+            let op_bytes = self.fp.count * es;
+            let candidate = (split && len >= BORROW_MIN && op_bytes >= c.borrow_min_op())
                 .then(|| self.sched.stable_send(pc))
                 .flatten()
                 .filter(|v| !(premul_input(*v) && step.dst.is_none()));
