@@ -23,6 +23,14 @@
 //! - Credits: the receiver returns the number of messages it consumed in CREDIT messages; the
 //!   sender never has more than `slots` messages unconsumed, so a slot is never overwritten
 //!   before it was read.
+//! - Closing: a connection closed with messages its receiver has not credited yet sends a FLUSH
+//!   on each endpoint pair those messages took; the receiver answers FLUSHED once it has read
+//!   the FLUSH, so after every message before it on that pair. The endpoint is closed only
+//!   when every FLUSH was answered (or its peer is gone, or after `OXCCL_NET_LINGER_MS`): a
+//!   completion at the sender can mean only that the bytes left this process (a software
+//!   provider's socket), and closing a socket with unread data resets it, dropping what its
+//!   send queue still held. A rank that finished and exited must not take its last messages
+//!   with it. Closing after a failure or an abort does not wait.
 //! - Completions: one completion queue per endpoint with a file descriptor; the executor sleeps
 //!   in `poll(2)` on it after `fi_trywait` says nothing is pending, so an idle rank does not
 //!   spin. Error completions become `Remote`/`System` errors naming the peer rank, the provider,
@@ -207,6 +215,9 @@ const T_HELLO: u8 = 1;
 const T_NOTIFY: u8 = 2;
 const T_CREDIT: u8 = 3;
 const T_ABORT: u8 = 4;
+const T_FLUSH: u8 = 5;
+const T_FLUSHED: u8 = 6;
+const T_CLOSED: u8 = 7;
 
 // completion tokens: kind in the top byte
 const K_RX: u64 = 1 << 56;
@@ -278,6 +289,8 @@ struct SendSide {
     held: Vec<Option<u64>>,
     aborted: bool,
     error: Option<Error>,
+    /// The receiver closed its half (it reads nothing more): closing this one waits for nothing.
+    receiver_closed: bool,
 }
 
 /// Work the provider could not take yet (EAGAIN), posted in order by the next progress: the
@@ -310,6 +323,10 @@ enum Owner {
     Send(u32),
     /// Receiving half `id` (CREDIT, its ABORT).
     Recv(u32),
+    /// The FLUSH with this nonce, of a connection being closed.
+    Flush(u64),
+    /// A FLUSHED answer (nobody waits for it).
+    Reply,
 }
 
 struct NetState {
@@ -325,6 +342,15 @@ struct NetState {
     /// Per message buffer in flight: whose message it carries.
     tx_owner: Vec<Option<Owner>>,
     error: Option<Error>,
+    /// Receiving halves already closed, with their sender's destinations and connection id: a
+    /// FLUSH for one is still answered.
+    closed_recvs: HashMap<u32, (Vec<u64>, u32)>,
+    /// FLUSHes not answered yet: nonce → (peer rank, sending half's id).
+    flushes: HashMap<u64, (usize, u32)>,
+    next_flush: u64,
+    /// A connection was aborted (the communicator failed or was aborted): closing waits for
+    /// nothing.
+    abandoned: bool,
 }
 
 /// One endpoint shared by every connection of a transport instance.
@@ -337,10 +363,12 @@ struct Net {
     /// Messages go as one write carrying its notification (the backend offers it, and
     /// `OXCCL_NET_WRITE_NOTIFY` is not `0`).
     write_notify: bool,
+    /// Longest wait for FLUSH answers when closing.
+    linger: std::time::Duration,
 }
 
 impl Net {
-    fn open(fab: Box<dyn Fabric>, ctx: TransportCtx) -> Result<Arc<Net>> {
+    fn open(fab: Box<dyn Fabric>, ctx: TransportCtx, linger: std::time::Duration) -> Result<Arc<Net>> {
         let mut rx = Mem::new(MSG_BYTES * RX_BUFS * fab.endpoints());
         let mut tx = Mem::new(MSG_BYTES * TX_BUFS);
         // SAFETY: both pools live in NetState, inside the Net that owns the fabric, and are
@@ -353,6 +381,7 @@ impl Net {
             ctx,
             user: std::sync::OnceLock::new(),
             write_notify,
+            linger,
             st: Mutex::new(NetState {
                 next_id: 1,
                 outbox: std::collections::VecDeque::new(),
@@ -365,6 +394,10 @@ impl Net {
                 tx_free: (0..TX_BUFS).collect(),
                 tx_owner: vec![None; TX_BUFS],
                 error: None,
+                closed_recvs: HashMap::new(),
+                flushes: HashMap::new(),
+                next_flush: 0,
+                abandoned: false,
             }),
         });
         {
@@ -497,7 +530,12 @@ impl Net {
                                     r.error.get_or_insert(e);
                                 }
                             }
-                            None => {}
+                            Some(Owner::Flush(n)) => {
+                                if let Some((peer, _)) = st.flushes.remove(&n) {
+                                    tracing::info!("{}: closing, its FLUSH was lost", what(peer));
+                                }
+                            }
+                            Some(Owner::Reply) | None => {}
                         }
                     }
                     _ => {
@@ -608,6 +646,30 @@ impl Net {
                     s.credits = s.credits.max(v);
                 }
             }
+            T_FLUSH => {
+                // answered for an accepted connection only (open or closed), to the sender's
+                // own endpoint from its HELLO: a stranger's FLUSH gets nothing
+                let to = match st.recvs.get(&id).and_then(|r| r.hello.clone()) {
+                    Some(h) => Some(h),
+                    None => st.closed_recvs.get(&id).cloned(),
+                };
+                if let Some((dests, sender_id)) = to {
+                    let m = control(T_FLUSHED, sender_id, v, true);
+                    if let Err(e) = self.send_msg(st, 0, dests[0], &m, Owner::Reply) {
+                        tracing::info!("could not answer a FLUSH: {e}");
+                    }
+                }
+            }
+            T_FLUSHED => {
+                st.flushes.remove(&v);
+            }
+            T_CLOSED => {
+                // the receiver closed: it will read nothing more, nor answer
+                st.flushes.retain(|_, f| f.1 != id);
+                if let Some(s) = st.sends.get_mut(&id) {
+                    s.receiver_closed = true;
+                }
+            }
             T_ABORT if m.len() > 16 => {
                 if m[16] == 0 {
                     if let Some(r) = st.recvs.get_mut(&id).filter(|r| r.hello.is_some()) {
@@ -639,8 +701,71 @@ impl Net {
     }
 }
 
+impl Net {
+    /// Wait (at most `linger`) until every FLUSH of the closed connections was answered, or its
+    /// peer is known to be gone; nothing after an abort.
+    fn linger(&self) {
+        let deadline = Instant::now() + self.linger;
+        let mut st = self.st.lock().unwrap();
+        if st.abandoned {
+            return;
+        }
+        // senders to this rank stop waiting for answers to their FLUSHes (best effort: a
+        // FLUSH that comes later than this is not answered)
+        let closed: Vec<(u64, u32)> = st.closed_recvs.values().map(|(d, id)| (d[0], *id)).collect();
+        for (dest, id) in closed {
+            let _ = self.send_msg(&mut st, 0, dest, &control(T_CLOSED, id, 0, true), Owner::Reply);
+        }
+        while !st.flushes.is_empty() {
+            if self.progress_locked(&mut st).is_err() {
+                return;
+            }
+            if st.flushes.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let mut peers: Vec<usize> = st.flushes.values().map(|f| f.0).collect();
+                peers.sort_unstable();
+                peers.dedup();
+                tracing::warn!(
+                    "NET ({}): closing although rank(s) {peers:?} did not confirm receiving this rank's last messages within {:?} (OXCCL_NET_LINGER_MS)",
+                    self.where_(),
+                    self.linger
+                );
+                break;
+            }
+            drop(st);
+            let fd = self.fab.try_wait().then(|| WaitSource::read(self.fab.wait_fd()));
+            let slept = match fd {
+                Some(src) => {
+                    oxccl_transport::wait::wait_any(&[src], std::time::Duration::from_millis(10)).unwrap_or(false)
+                }
+                None => true,
+            };
+            st = self.st.lock().unwrap();
+            if !slept {
+                // a quiet 10 ms: a peer on this machine that is gone will not answer
+                st.flushes.retain(|_, f| self.check_peer(f.0).is_ok());
+            }
+        }
+        // the CLOSED and FLUSHED messages leave before the endpoint closes (briefly)
+        let until = Instant::now() + std::time::Duration::from_millis(100);
+        while (!st.outbox.is_empty() || st.tx_free.len() < TX_BUFS) && Instant::now() < until {
+            if self.progress_locked(&mut st).is_err() {
+                return;
+            }
+            if st.tx_free.len() < TX_BUFS {
+                drop(st);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                st = self.st.lock().unwrap();
+            }
+        }
+    }
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
+        self.linger();
         if let Some(user) = self.user.take().flatten() {
             for r in user.drain() {
                 self.fab.deregister(&r);
@@ -696,6 +821,10 @@ fn decode_addrs(b: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
     Some((out, at))
 }
 
+/// How long a receiver keeps progressing after its peer's process is found gone, for what the
+/// peer sent before it exited (on an error path only).
+const DEAD_PEER_DRAIN: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Most endpoints per rank (`OXCCL_NET_ENDPOINTS`).
 pub const MAX_ENDPOINTS: usize = 4;
 
@@ -733,6 +862,9 @@ pub struct RdmaConfig {
     /// never with a software emulation (measured no faster there: bench/RESULTS.md). From
     /// `OXCCL_NET_ZERO_COPY` (`0` off, `1` on) and `OXCCL_NET_ZERO_COPY_MIN_BYTES` (sets it).
     pub zero_copy_min_op: Option<usize>,
+    /// Longest wait, when closing, for receivers to confirm they have read this rank's last
+    /// messages (`OXCCL_NET_LINGER_MS`, default 5 s); see the crate docs (Closing).
+    pub linger: std::time::Duration,
 }
 
 impl Default for RdmaConfig {
@@ -742,6 +874,9 @@ impl Default for RdmaConfig {
             max_message: 512 << 10,
             endpoints: endpoints_from_env(),
             zero_copy_min_op: zero_copy_min_from_env(),
+            linger: std::time::Duration::from_millis(
+                std::env::var("OXCCL_NET_LINGER_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(5000),
+            ),
         }
     }
 }
@@ -786,7 +921,7 @@ impl RdmaTransport {
             NetChoice::Socket => return Err(Error::invalid_argument("the socket network is oxccl's TCP transport")),
         };
         tracing::info!("NET: provider {} on {}", fab.provider(), fab.device());
-        Ok(RdmaTransport { net: Net::open(fab, ctx)?, cfg })
+        Ok(RdmaTransport { net: Net::open(fab, ctx, cfg.linger)?, cfg })
     }
 
     /// Provider and device, for logs.
@@ -1175,6 +1310,7 @@ impl SendConn for RdmaSend {
     fn abort(&mut self) {
         let m = control(T_ABORT, self.remote_id, 0, false);
         let mut st = self.net.st.lock().unwrap();
+        st.abandoned = true;
         let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m, Owner::Send(self.id));
     }
 }
@@ -1267,6 +1403,25 @@ impl Drop for RdmaSend {
                 break;
             }
         }
+        // messages the receiver has not credited may still be on their way: FLUSH each
+        // endpoint pair they took, answered before the endpoint closes (Net::linger)
+        let s = &st.sends[&self.id];
+        if !st.abandoned && s.error.is_none() && !s.aborted && !s.receiver_closed {
+            let (eps, ndests) = (self.net.fab.endpoints() as u64, self.dests.len() as u64);
+            let mut pairs: Vec<(usize, u64)> =
+                (s.credits..self.posted).map(|k| ((k % eps) as usize, self.dests[(k % ndests) as usize])).collect();
+            pairs.sort_unstable();
+            pairs.dedup();
+            for (ep, dest) in pairs {
+                let nonce = st.next_flush;
+                st.next_flush += 1;
+                st.flushes.insert(nonce, (self.peer, self.id));
+                let m = control(T_FLUSH, self.remote_id, nonce, false);
+                if self.net.send_msg(&mut st, ep, dest, &m, Owner::Flush(nonce)).is_err() {
+                    st.flushes.remove(&nonce);
+                }
+            }
+        }
         st.sends.remove(&self.id);
         drop(st);
         if let Some((_, r)) = &self.ring {
@@ -1347,7 +1502,27 @@ impl RecvConn for RdmaRecv {
         self.net.arm()
     }
     fn check_peer(&self) -> Result<()> {
-        self.net.check_peer(self.peer)
+        let Err(e) = self.net.check_peer(self.peer) else { return Ok(()) };
+        // the peer's process is gone, but it may have finished normally: what it sent before
+        // exiting can still be on its way through the provider (a software provider reads it
+        // from a socket only when progressed), so drain before deciding it is lost
+        let (id, next, slots) = (self.id, self.next, self.slots as u64);
+        let here = |st: &NetState| st.recvs.get(&id).is_some_and(|r| r.notified[(next % slots) as usize] == next + 1);
+        let until = std::time::Instant::now() + DEAD_PEER_DRAIN;
+        loop {
+            let mut st = self.net.st.lock().unwrap();
+            if here(&st) {
+                return Ok(());
+            }
+            if self.net.progress_locked(&mut st).is_err() || std::time::Instant::now() >= until {
+                return Err(e);
+            }
+            if here(&st) {
+                return Ok(());
+            }
+            drop(st);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
     fn disarm(&mut self) {}
     fn memory(&self) -> usize {
@@ -1356,13 +1531,19 @@ impl RecvConn for RdmaRecv {
     fn abort(&mut self) {
         let m = control(T_ABORT, self.sender_id, 0, true);
         let mut st = self.net.st.lock().unwrap();
+        st.abandoned = true;
         let _ = self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id));
     }
 }
 
 impl Drop for RdmaRecv {
     fn drop(&mut self) {
-        self.net.st.lock().unwrap().recvs.remove(&self.id);
+        let mut st = self.net.st.lock().unwrap();
+        // its sender may still FLUSH it while closing: keep what the answer needs
+        if let Some(hello) = st.recvs.remove(&self.id).and_then(|r| r.hello) {
+            st.closed_recvs.insert(self.id, hello);
+        }
+        drop(st);
         if let Some((_, r)) = &self.ring {
             self.net.fab.deregister(r);
         }
@@ -1389,7 +1570,13 @@ mod tests {
     }
 
     fn open_eps(rank: usize, slots: usize, max: usize, endpoints: usize) -> Option<RdmaTransport> {
-        let cfg = RdmaConfig { slots, max_message: max, endpoints, zero_copy_min_op: Some(0) };
+        let cfg = RdmaConfig {
+            slots,
+            max_message: max,
+            endpoints,
+            zero_copy_min_op: Some(0),
+            linger: std::time::Duration::from_secs(5),
+        };
         match RdmaTransport::open(&NetChoice::Ofi(provider()), ctx(rank), "127.0.0.1".parse().unwrap(), cfg) {
             Ok(t) => Some(t),
             Err(e) if e.kind == ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
@@ -1573,8 +1760,19 @@ mod tests {
         let mut stranger_ctx = ctx(0);
         stranger_ctx.secret = [6; 32];
         let stranger = RdmaTransport {
-            net: Net::open(open_ofi(&provider(), &"127.0.0.1".parse().unwrap(), 1).unwrap(), stranger_ctx).unwrap(),
-            cfg: RdmaConfig { slots: 2, max_message: 256, endpoints: 1, zero_copy_min_op: Some(0) },
+            net: Net::open(
+                open_ofi(&provider(), &"127.0.0.1".parse().unwrap(), 1).unwrap(),
+                stranger_ctx,
+                Duration::from_secs(5),
+            )
+            .unwrap(),
+            cfg: RdmaConfig {
+                slots: 2,
+                max_message: 256,
+                endpoints: 1,
+                zero_copy_min_op: Some(0),
+                linger: std::time::Duration::from_secs(5),
+            },
         };
         let (pending, blob) = b.setup_recv(0).unwrap();
         let _s = stranger.connect_send(1, &blob, Instant::now() + Duration::from_secs(2)).unwrap();
@@ -1655,8 +1853,14 @@ mod tests {
     fn open_sim(rank: usize, slots: usize, max: usize, eps: usize) -> (RdmaTransport, Arc<verbs::sim::SimDevice>) {
         let dev = Arc::new(verbs::sim::SimDevice::new(&format!("sim{rank}"), eps));
         let fab = verbs::fabric::VerbsFabric::new(dev.clone(), "127.0.0.1".parse().unwrap(), ctx(rank).secret).unwrap();
-        let cfg = RdmaConfig { slots, max_message: max, endpoints: eps, zero_copy_min_op: Some(0) };
-        (RdmaTransport { net: Net::open(Box::new(fab), ctx(rank)).unwrap(), cfg }, dev)
+        let cfg = RdmaConfig {
+            slots,
+            max_message: max,
+            endpoints: eps,
+            zero_copy_min_op: Some(0),
+            linger: std::time::Duration::from_secs(5),
+        };
+        (RdmaTransport { net: Net::open(Box::new(fab), ctx(rank), cfg.linger).unwrap(), cfg }, dev)
     }
 
     #[test]
@@ -1678,8 +1882,14 @@ mod tests {
         let sdev = Arc::new(verbs::sim::SimDevice::new("stranger", 1));
         let fab = verbs::fabric::VerbsFabric::new(sdev, "127.0.0.1".parse().unwrap(), stranger_ctx.secret).unwrap();
         let stranger = RdmaTransport {
-            net: Net::open(Box::new(fab), stranger_ctx).unwrap(),
-            cfg: RdmaConfig { slots: 2, max_message: 256, endpoints: 1, zero_copy_min_op: None },
+            net: Net::open(Box::new(fab), stranger_ctx, Duration::from_secs(5)).unwrap(),
+            cfg: RdmaConfig {
+                slots: 2,
+                max_message: 256,
+                endpoints: 1,
+                zero_copy_min_op: None,
+                linger: Duration::from_secs(5),
+            },
         };
         let (pending, blob) = b.setup_recv(0).unwrap();
         let e = stranger.connect_send(1, &blob, Instant::now() + Duration::from_secs(2)).err().expect("connected");
@@ -1776,6 +1986,137 @@ mod tests {
             }
         };
         assert!(e.to_string().contains("rank 0") && e.to_string().contains("transport retry counter exceeded"), "{e}");
+    }
+
+    /// A transport over libfabric whose close waits at most `linger` for FLUSH answers.
+    fn open_linger(rank: usize, linger: Duration) -> Option<RdmaTransport> {
+        let mut t = open(rank, 8, 4096)?;
+        t.cfg.linger = linger;
+        Arc::get_mut(&mut t.net).unwrap().linger = linger;
+        Some(t)
+    }
+
+    /// `n` small messages (fewer than a credit batch: none gets credited), flushed out of the
+    /// sender.
+    fn send_some(s: &mut dyn SendConn, n: u64) {
+        let t = Instant::now();
+        let mut sent = 0;
+        while sent < n || s.pending() {
+            if sent < n {
+                if let Some(slot) = s.reserve().unwrap() {
+                    slot[..8].copy_from_slice(&sent.to_le_bytes());
+                    s.commit(Header { len: 8, comm: 77, seq: sent, count: 0, step: 0, call: 0 }).unwrap();
+                    sent += 1;
+                }
+            }
+            s.progress().unwrap();
+            assert!(t.elapsed() < Duration::from_secs(10), "stuck sending");
+        }
+    }
+
+    fn read_some(r: &mut dyn RecvConn, n: u64) {
+        let t = Instant::now();
+        for k in 0..n {
+            loop {
+                if let Some((h, p)) = r.peek().unwrap() {
+                    assert_eq!((h.seq, p), (k, &k.to_le_bytes()[..]));
+                    r.consume().unwrap();
+                    break;
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "message {k} did not arrive");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Closing a rank whose last messages were not credited yet waits until the receiver has
+    /// read up to them (a FLUSH answered), not only until they left this process: a rank that
+    /// finishes and exits first must not take its last messages with it (a software provider
+    /// resets a socket closed with unread data, dropping what its send queue still held).
+    fn closing_waits_for_the_receiver(a: RdmaTransport, b: &RdmaTransport) {
+        let (mut s, mut r) = connect(&a, b);
+        send_some(&mut *s, 3);
+        drop(s);
+        let t = Instant::now();
+        let closer = std::thread::spawn(move || {
+            drop(a);
+            t.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!closer.is_finished(), "closed before the receiver read the last messages");
+        read_some(&mut *r, 3);
+        while !closer.is_finished() {
+            assert!(r.peek().unwrap().is_none());
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(t.elapsed() < Duration::from_secs(4), "the FLUSH was not answered");
+        }
+        assert!(closer.join().unwrap() < Duration::from_secs(4));
+    }
+
+    #[test]
+    fn closing_waits_until_the_receiver_read_the_last_messages() {
+        let (Some(a), Some(b)) = (open(0, 8, 4096), open(1, 8, 4096)) else { return };
+        closing_waits_for_the_receiver(a, &b);
+    }
+
+    #[test]
+    fn closing_waits_for_the_receiver_over_simulated_verbs() {
+        let ((a, _), (b, _)) = (open_sim(0, 8, 4096, 2), open_sim(1, 8, 4096, 1));
+        closing_waits_for_the_receiver(a, &b);
+    }
+
+    /// A receiver that never reads again: closing waits `linger`, then closes anyway (a bounded
+    /// wait, with a warning naming the rank).
+    #[test]
+    fn closing_waits_at_most_the_linger_time() {
+        let (Some(a), Some(b)) = (open_linger(0, Duration::from_millis(400)), open(1, 8, 4096)) else { return };
+        let (mut s, _r) = connect(&a, &b);
+        send_some(&mut *s, 3);
+        drop(s);
+        let t = Instant::now();
+        drop(a);
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "{took:?}");
+    }
+
+    /// After an abort (the communicator failed), closing waits for nothing.
+    #[test]
+    fn closing_after_an_abort_does_not_wait() {
+        let (Some(a), Some(b)) = (open(0, 8, 4096), open(1, 8, 4096)) else { return };
+        let (mut s, _r) = connect(&a, &b);
+        send_some(&mut *s, 3);
+        s.abort();
+        drop(s);
+        let t = Instant::now();
+        drop(a);
+        assert!(t.elapsed() < Duration::from_millis(300), "{:?}", t.elapsed());
+    }
+
+    /// A receiver that closed first says so (CLOSED): its sender then closes without waiting
+    /// out the linger time, though nobody is left to answer its FLUSH.
+    #[test]
+    fn a_receiver_that_closed_first_releases_its_sender() {
+        let (Some(a), Some(b)) = (open(0, 8, 4096), open(1, 8, 4096)) else { return };
+        let (mut s, mut r) = connect(&a, &b);
+        send_some(&mut *s, 3);
+        read_some(&mut *r, 3);
+        drop(r);
+        drop(b);
+        drop(s);
+        let t = Instant::now();
+        drop(a);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    /// A FLUSH for a connection this rank never accepted is not answered (a stranger learns
+    /// nothing and cannot make it send).
+    #[test]
+    fn a_stranger_flush_gets_no_answer() {
+        let Some(b) = open(1, 8, 4096) else { return };
+        let before = b.net.st.lock().unwrap().tx_free.len();
+        let mut st = b.net.st.lock().unwrap();
+        b.net.dispatch(&mut st, &control(T_FLUSH, 4242, 9, false));
+        assert!(st.outbox.is_empty() && st.tx_free.len() == before, "answered a stranger");
     }
 
     #[test]
