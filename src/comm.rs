@@ -97,6 +97,20 @@ pub(crate) struct Shared {
     pub(crate) async_cv: Condvar,
 }
 
+impl Drop for Shared {
+    /// Closing an aborted communicator tells its peers and waits for nothing: connections
+    /// closed normally may first wait (bounded) for peers to confirm they read the last
+    /// messages (the RDMA network's FLUSH), which an abort must not.
+    fn drop(&mut self) {
+        if *self.aborted.get_mut() {
+            if let Ok(st) = self.state.get_mut() {
+                st.conns.send.iter_mut().flatten().for_each(|c| c.abort());
+                st.conns.recv.iter_mut().flatten().for_each(|c| c.abort());
+            }
+        }
+    }
+}
+
 impl DriveComm for Shared {
     fn with_conns<R>(&self, f: impl FnOnce(&mut Conns) -> R) -> R {
         f(&mut self.state.lock().unwrap().conns)

@@ -330,3 +330,75 @@ fn init_names_the_ranks_that_never_joined() {
     });
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
+
+/// Over libfabric (`tcp;ofi_rxm`, two host ids on loopback): a rank that sends its last
+/// messages and closes at once waits, when closing, until its peer has read them (the peer is
+/// busy for 800 ms first), so they are not lost with its process; the peer gets them. An
+/// aborted rank closes at once instead.
+#[test]
+fn over_libfabric_a_rank_that_closes_first_delivers_its_last_messages() {
+    const T: &str = "over_libfabric_a_rank_that_closes_first_delivers_its_last_messages";
+    if let Some((rank, n, id)) = role(T) {
+        let c = match Communicator::init(&id, n, rank) {
+            Ok(c) => c,
+            Err(e) if e.kind == oxccl::ErrorKind::Unavailable => {
+                println!("UNAVAILABLE {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut v = [1.0f32; 4];
+        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        if rank == 1 {
+            c.send(&[7u64, 8, 9], 0).unwrap();
+            if std::env::var_os("OXCCL_TEST_ABORT").is_some() {
+                c.abort();
+            }
+            let t = Instant::now();
+            drop(c);
+            println!("CLOSED after {} ms", t.elapsed().as_millis());
+        } else {
+            std::thread::sleep(Duration::from_millis(800));
+            let mut got = [0u64; 3];
+            match c.recv(&mut got, 1) {
+                Ok(()) => println!("GOT {got:?}"),
+                Err(e) => println!("RECV FAILED {e}"),
+            }
+        }
+        return;
+    }
+    let _g = lock();
+    for abort in [false, true] {
+        let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
+        let id = UniqueId::with_config(&lo).unwrap();
+        let kids = spawn_each(T, 2, &id, |r| {
+            let mut e = vec![
+                ("OXCCL_HOSTID".to_string(), format!("h{r}")),
+                ("OXCCL_NET".into(), "ofi".into()),
+                ("OXCCL_OFI_PROVIDER".into(), "tcp;ofi_rxm".into()),
+                ("OXCCL_TIMEOUT".into(), "60".into()),
+            ];
+            if abort {
+                e.push(("OXCCL_TEST_ABORT".into(), "1".into()));
+            }
+            e
+        });
+        let outs: Vec<String> = kids
+            .into_iter()
+            .map(|k| String::from_utf8_lossy(&k.wait_with_output().unwrap().stdout).into_owned())
+            .collect();
+        if outs.iter().any(|o| o.contains("UNAVAILABLE")) && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() {
+            eprintln!("skipped: libfabric is not here: {}", outs[0]);
+            return;
+        }
+        let line = outs[1].split_once("CLOSED after ").unwrap_or_else(|| panic!("{}", outs[1])).1;
+        let ms: u64 = line.split(' ').next().unwrap().parse().unwrap();
+        if abort {
+            assert!(ms < 400, "an aborted rank closed after {ms} ms");
+            assert!(outs[0].contains("GOT") || outs[0].contains("RECV FAILED"), "{}", outs[0]);
+        } else {
+            assert!((400..5000).contains(&ms), "closed after {ms} ms: it did not wait for its peer to read");
+            assert!(outs[0].contains("GOT [7, 8, 9]"), "{}", outs[0]);
+        }
+    }
+}
