@@ -32,6 +32,7 @@ fn spawn_each(test: &str, n: usize, id: &UniqueId, env_of: impl Fn(usize) -> Vec
                 .env("OXCCL_TEST_NRANKS", n.to_string())
                 .env("OXCCL_TEST_ID", id.to_hex())
                 .env("OXCCL_SOCKET_IFNAME", "lo")
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());
             for (k, v) in env_of(r) {
@@ -331,14 +332,20 @@ fn init_names_the_ranks_that_never_joined() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
 /// Over libfabric (`tcp;ofi_rxm`, two host ids on loopback): a rank that sends its last
-/// messages and closes at once waits, when closing, until its peer has read them (the peer is
-/// busy for 800 ms first), so they are not lost with its process; the peer gets them. An
-/// aborted rank closes at once instead.
+/// message and closes at once waits, when closing, until its peer has read it — the peer is
+/// asleep (not progressing) for a second first, so the close ends only after the peer woke —
+/// and the peer gets it: it is not lost with the sender's process. An aborted rank closes at
+/// once instead, and its peer gets the message or a clean error, without hanging.
 #[test]
 fn over_libfabric_a_rank_that_closes_first_delivers_its_last_messages() {
     const T: &str = "over_libfabric_a_rank_that_closes_first_delivers_its_last_messages";
     if let Some((rank, n, id)) = role(T) {
+        use std::io::Write;
         let c = match Communicator::init(&id, n, rank) {
             Ok(c) => c,
             Err(e) if e.kind == oxccl::ErrorKind::Unavailable => {
@@ -348,17 +355,26 @@ fn over_libfabric_a_rank_that_closes_first_delivers_its_last_messages() {
             Err(e) => panic!("{e}"),
         };
         let mut v = [1.0f32; 4];
-        c.all_reduce_inplace(&mut v, ReduceOp::Sum).unwrap();
+        // (with an abort, rank 1 may abort while rank 0 still finishes this)
+        if let Err(e) = c.all_reduce_inplace(&mut v, ReduceOp::Sum) {
+            println!("FAILED {e}");
+            return;
+        }
         if rank == 1 {
+            // go once rank 0 is asleep (the test relays its SLEEPING line)
+            std::io::stdin().read_line(&mut String::new()).unwrap();
             c.send(&[7u64, 8, 9], 0).unwrap();
             if std::env::var_os("OXCCL_TEST_ABORT").is_some() {
                 c.abort();
             }
             let t = Instant::now();
             drop(c);
-            println!("CLOSED after {} ms", t.elapsed().as_millis());
+            println!("CLOSED at {} after {} ms", unix_ms(), t.elapsed().as_millis());
         } else {
-            std::thread::sleep(Duration::from_millis(800));
+            println!("SLEEPING");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(Duration::from_millis(1000));
+            println!("WOKE at {}", unix_ms());
             let mut got = [0u64; 3];
             match c.recv(&mut got, 1) {
                 Ok(()) => println!("GOT {got:?}"),
@@ -367,11 +383,16 @@ fn over_libfabric_a_rank_that_closes_first_delivers_its_last_messages() {
         }
         return;
     }
+    use std::io::{BufRead, Read, Write};
     let _g = lock();
+    let num = |out: &str, key: &str| -> u128 {
+        let rest = out.split_once(key).unwrap_or_else(|| panic!("no {key:?} in {out}")).1;
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
     for abort in [false, true] {
         let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
         let id = UniqueId::with_config(&lo).unwrap();
-        let kids = spawn_each(T, 2, &id, |r| {
+        let mut kids = spawn_each(T, 2, &id, |r| {
             let mut e = vec![
                 ("OXCCL_HOSTID".to_string(), format!("h{r}")),
                 ("OXCCL_NET".into(), "ofi".into()),
@@ -383,21 +404,37 @@ fn over_libfabric_a_rank_that_closes_first_delivers_its_last_messages() {
             }
             e
         });
-        let outs: Vec<String> = kids
-            .into_iter()
-            .map(|k| String::from_utf8_lossy(&k.wait_with_output().unwrap().stdout).into_owned())
+        let mut r0 = std::io::BufReader::new(kids[0].stdout.take().unwrap());
+        let mut out0 = String::new();
+        let mut line = String::new();
+        while !line.contains("SLEEPING") && !line.contains("UNAVAILABLE") && !line.contains("FAILED") {
+            line.clear();
+            if r0.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            out0.push_str(&line);
+        }
+        let _ = kids[1].stdin.take().unwrap().write_all(b"go\n");
+        r0.read_to_string(&mut out0).unwrap();
+        let outs: Vec<String> = std::iter::once(out0)
+            .chain(
+                kids.into_iter()
+                    .skip(1)
+                    .map(|k| String::from_utf8_lossy(&k.wait_with_output().unwrap().stdout).into_owned()),
+            )
             .collect();
         if outs.iter().any(|o| o.contains("UNAVAILABLE")) && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() {
             eprintln!("skipped: libfabric is not here: {}", outs[0]);
             return;
         }
-        let line = outs[1].split_once("CLOSED after ").unwrap_or_else(|| panic!("{}", outs[1])).1;
-        let ms: u64 = line.split(' ').next().unwrap().parse().unwrap();
+        let (closed_at, ms) = (num(&outs[1], "CLOSED at "), num(&outs[1], " after "));
         if abort {
             assert!(ms < 400, "an aborted rank closed after {ms} ms");
-            assert!(outs[0].contains("GOT") || outs[0].contains("RECV FAILED"), "{}", outs[0]);
+            assert!(outs[0].contains("GOT") || outs[0].contains("FAILED"), "{}", outs[0]);
         } else {
-            assert!((400..5000).contains(&ms), "closed after {ms} ms: it did not wait for its peer to read");
+            let woke_at = num(&outs[0], "WOKE at ");
+            assert!(closed_at >= woke_at, "closed {} ms before its peer woke to read: {outs:?}", woke_at - closed_at);
+            assert!(ms < 5000, "closed after {ms} ms");
             assert!(outs[0].contains("GOT [7, 8, 9]"), "{}", outs[0]);
         }
     }
