@@ -812,6 +812,23 @@ fn open_net(
     }
 }
 
+/// A setup blob as published: the transport's name (one length byte, then the name), then the
+/// transport's own blob, so a sender that picked another transport for the pair says so.
+fn tag_blob(name: &str, blob: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(1 + name.len() + blob.len());
+    b.push(name.len() as u8);
+    b.extend_from_slice(name.as_bytes());
+    b.extend_from_slice(blob);
+    b
+}
+
+/// The transport name and the blob of a tagged setup blob; `None` if truncated.
+fn untag_blob(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let n = *b.first()? as usize;
+    let name = b.get(1..1 + n)?;
+    Some((name, &b[1 + n..]))
+}
+
 impl Shared {
     fn transport_for<'s>(&self, st: &'s State, peer: usize) -> &'s dyn Transport {
         let (me, p) = (&self.peers[self.rank], &self.peers[peer]);
@@ -909,7 +926,9 @@ impl<'s> Setup<'s> {
         for &p in &self.rx {
             let (pr, blob) = {
                 let st = sh.state.lock().unwrap();
-                sh.transport_for(&st, p).setup_recv(p).map_err(|e| e.with_rank(me))?
+                let t = sh.transport_for(&st, p);
+                let (pr, blob) = t.setup_recv(p).map_err(|e| e.with_rank(me))?;
+                (pr, tag_blob(t.name(), &blob))
             };
             sh.store.set(&self.key("conn", p, me), &blob)?;
             self.pending.push((p, pr));
@@ -920,11 +939,27 @@ impl<'s> Setup<'s> {
     fn connect(&mut self) -> Result<()> {
         let (sh, me) = (self.sh, self.sh.rank);
         for &q in &self.tx {
-            let blob = sh.wait_key(&self.key("conn", me, q), self.deadline, q, self.doing.as_ref())?;
+            let tagged = sh.wait_key(&self.key("conn", me, q), self.deadline, q, self.doing.as_ref())?;
             let mut st = sh.state.lock().unwrap();
             let t = sh.transport_for(&st, q);
             let name = t.name();
-            let c = t.connect_send(q, &blob, self.deadline).map_err(|e| e.with_rank(me).with_peer(q))?;
+            let Some((theirs, blob)) = untag_blob(&tagged) else {
+                return Err(Error::remote("malformed setup blob in the bootstrap store").with_rank(me).with_peer(q));
+            };
+            if theirs != name.as_bytes() {
+                // both ends must pick the same transport: say so on both, at once
+                let e = Error::invalid_usage(format!(
+                    "rank {q} expects rank {me}'s messages over {}, but rank {me} sends to it over {name}: \
+                     OXCCL_NET/NCCL_NET, NCCL_SHM_DISABLE and the host id must agree on every rank",
+                    String::from_utf8_lossy(theirs)
+                ))
+                .with_rank(me)
+                .with_peer(q);
+                drop(st);
+                let _ = sh.store.set(&self.key("ack", me, q), format!("!{}", e.message).as_bytes());
+                return Err(e);
+            }
+            let c = t.connect_send(q, blob, self.deadline).map_err(|e| e.with_rank(me).with_peer(q))?;
             st.conns.send[q] = Some(c);
             drop(st);
             sh.store.set(&self.key("ack", me, q), b"1")?;
@@ -940,7 +975,12 @@ impl<'s> Setup<'s> {
     fn accept(&mut self) -> Result<()> {
         let (sh, me) = (self.sh, self.sh.rank);
         for (p, pr) in std::mem::take(&mut self.pending) {
-            sh.wait_key(&self.key("ack", p, me), self.deadline, p, self.doing.as_ref())?;
+            let ack = sh.wait_key(&self.key("ack", p, me), self.deadline, p, self.doing.as_ref())?;
+            if let Some(why) = ack.strip_prefix(b"!") {
+                let _ = sh.store.delete(&self.key("conn", p, me));
+                let _ = sh.store.delete(&self.key("ack", p, me));
+                return Err(Error::invalid_usage(String::from_utf8_lossy(why).into_owned()).with_rank(me).with_peer(p));
+            }
             let c = pr.accept(self.deadline).map_err(|e| e.with_rank(me).with_peer(p))?;
             sh.state.lock().unwrap().conns.recv[p] = Some(c);
             let _ = sh.store.delete(&self.key("conn", p, me));
@@ -1411,5 +1451,29 @@ impl<'a> Group<'a> {
             return Err(e);
         }
         Ok(runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_blobs_round_trip_and_truncation_is_refused() {
+        let t = tag_blob("NET/OFI", b"\x01\x02blob");
+        assert_eq!(untag_blob(&t), Some((&b"NET/OFI"[..], &b"\x01\x02blob"[..])));
+        assert_eq!(untag_blob(&tag_blob("SHM", b"")), Some((&b"SHM"[..], &b""[..])));
+        for cut in 0..1 + "NET/OFI".len() {
+            assert_eq!(untag_blob(&t[..cut]), None, "cut at {cut}");
+        }
+        // any bytes: no panic
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b: Vec<u8> = (0..(x % 24) as usize).map(|i| (x >> (i % 8 * 8)) as u8).collect();
+            let _ = untag_blob(&b);
+        }
     }
 }

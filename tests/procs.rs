@@ -439,3 +439,56 @@ fn over_libfabric_a_rank_that_closes_first_delivers_its_last_messages() {
         }
     }
 }
+
+/// Ranks on two hosts that disagree on the network between them (`OXCCL_NET=ofi` on one,
+/// `socket` on the other) both fail at the first collective, at once, with an error naming both
+/// networks and the setting — not a decoder error or a timeout.
+#[test]
+fn ranks_that_disagree_on_the_network_fail_clearly() {
+    const T: &str = "ranks_that_disagree_on_the_network_fail_clearly";
+    if let Some((rank, n, id)) = role(T) {
+        let c = match Communicator::init(&id, n, rank) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("INIT FAILED {e}");
+                return;
+            }
+        };
+        let t = Instant::now();
+        match c.all_reduce_inplace(&mut [1.0f32; 4], ReduceOp::Sum) {
+            Ok(()) => println!("NO ERROR"),
+            Err(e) => println!("FAILED after {} ms: {e}", t.elapsed().as_millis()),
+        }
+        return;
+    }
+    let _g = lock();
+    let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
+    let id = UniqueId::with_config(&lo).unwrap();
+    let kids = spawn_each(T, 2, &id, |r| {
+        vec![
+            ("OXCCL_HOSTID".to_string(), format!("h{r}")),
+            ("OXCCL_NET".into(), if r == 0 { "ofi" } else { "socket" }.into()),
+            ("OXCCL_OFI_PROVIDER".into(), "tcp;ofi_rxm".into()),
+            ("OXCCL_TIMEOUT".into(), "60".into()),
+        ]
+    });
+    let outs: Vec<String> =
+        kids.into_iter().map(|k| String::from_utf8_lossy(&k.wait_with_output().unwrap().stdout).into_owned()).collect();
+    if outs[0].contains("INIT FAILED")
+        && outs[0].contains("navailable")
+        && std::env::var_os("OXCCL_REQUIRE_OFI").is_none()
+    {
+        eprintln!("skipped: libfabric is not here: {}", outs[0]);
+        return;
+    }
+    for (r, o) in outs.iter().enumerate() {
+        let line = o.split_once("FAILED after ").unwrap_or_else(|| panic!("rank {r} did not fail: {o}")).1;
+        let ms: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(ms < 10_000, "rank {r} failed after {ms} ms");
+        assert!(
+            line.contains("NET/OFI") && line.contains("NET/Socket") && line.contains("OXCCL_NET"),
+            "rank {r}: {line}"
+        );
+    }
+    eprintln!("{}", outs[0].lines().find(|l| l.contains("FAILED")).unwrap_or(""));
+}

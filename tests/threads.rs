@@ -565,3 +565,30 @@ fn one_communicator_from_two_threads_at_once_is_refused() {
         assert_eq!(first.join().unwrap().unwrap(), 2);
     });
 }
+
+/// Ranks that disagree on the transport for a pair (here: one with shared memory turned off, one
+/// with it on, on one host) fail on both sides at the first collective, promptly, with an error
+/// that names both transports and the settings that must agree — not a decoder error or a
+/// timeout.
+#[test]
+fn ranks_that_disagree_on_the_transport_fail_clearly_on_both_sides() {
+    let lo = Config { socket_ifname: Some("lo".into()), ..cfg() };
+    let id = oxccl::UniqueId::with_config(&lo).unwrap();
+    std::thread::scope(|s| {
+        for rank in 0..2 {
+            let (id, lo) = (&id, &lo);
+            s.spawn(move || {
+                let cf = Config { shm_disable: rank == 0, ..lo.clone() };
+                let c = Communicator::init_with_config(id, 2, rank, cf).unwrap();
+                let t = Instant::now();
+                let e = c.all_reduce_inplace(&mut [1i32; 4], ReduceOp::Sum).unwrap_err();
+                assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+                let m = e.to_string();
+                assert!(
+                    m.contains("SHM") && m.contains("NET/Socket") && m.contains("NCCL_SHM_DISABLE"),
+                    "rank {rank}: {m}"
+                );
+            });
+        }
+    });
+}
