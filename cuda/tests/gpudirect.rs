@@ -39,7 +39,7 @@ fn the_adapter_reads_device_memory() {
     let dst = unsafe { fab.register(host.as_mut_ptr(), n) }.unwrap();
     let dest = fab.insert_peer(&fab.address(0).unwrap()).unwrap();
     // SAFETY: the device buffer stays allocated until the write's completion is read.
-    let posted = unsafe { fab.write(0, dev.ptr() as *const u8, n, src.desc, dest, dst.remote_base, dst.key, 42) };
+    let posted = unsafe { fab.write(0, dev.ptr() as *const u8, n, src.desc, dest, dst.remote_base, dst.key, None, 42) };
     assert!(posted.unwrap(), "the send queue is empty, yet full");
     let t = Instant::now();
     let mut done: Vec<Completion> = Vec::new();

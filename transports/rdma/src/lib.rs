@@ -76,8 +76,8 @@ pub struct Completion {
     pub len: usize,
     /// The status of an error completion.
     pub error: Option<String>,
-    /// The notification carried by a peer's [`Fabric::write_notify`] that landed here (its
-    /// token is the receive it consumed, if the backend consumes one, else 0).
+    /// The notification of a peer's [`Fabric::write`] that landed here (its token is the
+    /// receive it consumed, if the backend consumes one, else 0).
     pub data: Option<u32>,
 }
 
@@ -111,7 +111,9 @@ pub trait Fabric: Send + Sync {
     }
     /// Drop a registration.
     fn deregister(&self, r: &Region);
-    /// One-sided write; `Ok(false)`: retry after progress.
+    /// One-sided write; `Ok(false)`: retry after progress. With `notify` (only where
+    /// [`Fabric::notify_writes`]), the target also gets a completion carrying that value once
+    /// the bytes are in place: the write and its notification in one operation.
     ///
     /// # Safety
     /// The buffer stays unchanged until the completion with `token`.
@@ -125,32 +127,13 @@ pub trait Fabric: Send + Sync {
         dest: u64,
         raddr: u64,
         key: u64,
+        notify: Option<u32>,
         token: u64,
     ) -> Result<bool>;
-    /// Whether [`Fabric::write_notify`] is offered (verbs: write with immediate; libfabric:
+    /// Whether [`Fabric::write`] takes a notification (verbs: write with immediate; libfabric:
     /// remote CQ data).
     fn notify_writes(&self) -> bool {
         false
-    }
-    /// A one-sided write whose target gets a completion carrying `data` once the bytes are in
-    /// place: the write and its notification in one operation.
-    ///
-    /// # Safety
-    /// As for [`Fabric::write`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn write_notify(
-        &self,
-        _ep: usize,
-        _buf: *const u8,
-        _len: usize,
-        _desc: usize,
-        _dest: u64,
-        _raddr: u64,
-        _key: u64,
-        _data: u32,
-        _token: u64,
-    ) -> Result<bool> {
-        Err(Error::new(ErrorKind::Unavailable, format!("{} has no write with notification", self.provider())))
     }
     /// Send a message; `Ok(false)`: retry after progress.
     ///
@@ -460,14 +443,7 @@ impl Net {
                 &Outgoing::Write { ep, src, len, desc, dest, raddr, key, token, notify } => {
                     // SAFETY: a staging slot marked busy until this write's completion; its ring
                     // is deregistered and freed only after the busy flags cleared.
-                    unsafe {
-                        match notify {
-                            Some(n) => {
-                                self.fab.write_notify(ep, src as *const u8, len, desc, dest, raddr, key, n, token)?
-                            }
-                            None => self.fab.write(ep, src as *const u8, len, desc, dest, raddr, key, token)?,
-                        }
-                    }
+                    unsafe { self.fab.write(ep, src as *const u8, len, desc, dest, raddr, key, notify, token)? }
                 }
             };
             if !posted {

@@ -252,56 +252,25 @@ impl Fabric for Ofi {
         dest: u64,
         raddr: u64,
         key: u64,
+        notify: Option<u32>,
         token: u64,
     ) -> Result<bool> {
+        let (buf, desc, ctx) = (buf.cast(), desc as *mut c_void, token as *mut c_void);
         // SAFETY: the caller keeps the buffer until the completion of `token`; ep < endpoints.
         let r = unsafe {
-            sys::oxf_write(
-                self.ctx,
-                ep as i32,
-                buf.cast(),
-                len,
-                desc as *mut c_void,
-                dest,
-                raddr,
-                key,
-                token as *mut c_void,
-            )
+            match notify {
+                None => sys::oxf_write(self.ctx, ep as i32, buf, len, desc, dest, raddr, key, ctx),
+                // with remote CQ data: the target's completion carries the notification
+                Some(data) => {
+                    sys::oxf_write_data(self.ctx, ep as i32, buf, len, desc, data as u64, dest, raddr, key, ctx)
+                }
+            }
         };
-        self.posted("fi_write", r)
+        self.posted(if notify.is_some() { "fi_writedata" } else { "fi_write" }, r)
     }
     fn notify_writes(&self) -> bool {
         // SAFETY: a live context.
         unsafe { sys::oxf_cq_data_size(self.ctx) >= 4 }
-    }
-    unsafe fn write_notify(
-        &self,
-        ep: usize,
-        buf: *const u8,
-        len: usize,
-        desc: usize,
-        dest: u64,
-        raddr: u64,
-        key: u64,
-        data: u32,
-        token: u64,
-    ) -> Result<bool> {
-        // SAFETY: as for write.
-        let r = unsafe {
-            sys::oxf_write_data(
-                self.ctx,
-                ep as i32,
-                buf.cast(),
-                len,
-                desc as *mut c_void,
-                data as u64,
-                dest,
-                raddr,
-                key,
-                token as *mut c_void,
-            )
-        };
-        self.posted("fi_writedata", r)
     }
     unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
         // SAFETY: as for write.

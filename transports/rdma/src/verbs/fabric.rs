@@ -502,36 +502,17 @@ impl Fabric for VerbsFabric {
         dest: u64,
         raddr: u64,
         key: u64,
+        notify: Option<u32>,
         token: u64,
     ) -> Result<bool> {
-        let wr = SendWr { write: true, remote_addr: raddr, rkey: key as u32, ..local(token, buf, len, desc) };
+        // with a notification: RDMA write with immediate
+        let wr =
+            SendWr { write: true, remote_addr: raddr, rkey: key as u32, imm: notify, ..local(token, buf, len, desc) };
         // SAFETY: the caller keeps the buffer (Fabric::write).
         unsafe { self.post(ep, dest, &wr) }
     }
     fn notify_writes(&self) -> bool {
         true
-    }
-    unsafe fn write_notify(
-        &self,
-        ep: usize,
-        buf: *const u8,
-        len: usize,
-        desc: usize,
-        dest: u64,
-        raddr: u64,
-        key: u64,
-        data: u32,
-        token: u64,
-    ) -> Result<bool> {
-        let wr = SendWr {
-            write: true,
-            remote_addr: raddr,
-            rkey: key as u32,
-            imm: Some(data),
-            ..local(token, buf, len, desc)
-        };
-        // SAFETY: as for write.
-        unsafe { self.post(ep, dest, &wr) }
     }
     unsafe fn send(&self, ep: usize, buf: *const u8, len: usize, desc: usize, dest: u64, token: u64) -> Result<bool> {
         // SAFETY: as for write.
