@@ -104,8 +104,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         if *self.aborted.get_mut() {
             if let Ok(st) = self.state.get_mut() {
-                st.conns.send.iter_mut().flatten().for_each(|c| c.abort());
-                st.conns.recv.iter_mut().flatten().for_each(|c| c.abort());
+                st.conns.abort_all();
             }
         }
     }
@@ -1079,8 +1078,7 @@ impl Shared {
             self.dump(dir, &e);
         }
         let mut conns = conns;
-        conns.send.iter_mut().flatten().for_each(|c| c.abort());
-        conns.recv.iter_mut().flatten().for_each(|c| c.abort());
+        conns.abort_all();
         drop(conns);
         if e.message.contains(oxccl_transport::PEER_ABORTED) {
             return; // a cascade, not a cause: the cause is published by the rank that saw it

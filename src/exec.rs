@@ -284,6 +284,11 @@ impl Conns {
     pub fn new(n: usize) -> Self {
         Conns { send: (0..n).map(|_| None).collect(), recv: (0..n).map(|_| None).collect() }
     }
+    /// Tell every peer this rank is closing its connections because it failed or was aborted.
+    pub fn abort_all(&mut self) {
+        self.send.iter_mut().flatten().for_each(|c| c.abort());
+        self.recv.iter_mut().flatten().for_each(|c| c.abort());
+    }
 }
 
 /// What an op is blocked on.

@@ -260,6 +260,13 @@ struct RecvSide {
     error: Option<Error>,
 }
 
+impl RecvSide {
+    /// Whether message `index` is in place (its notification arrived).
+    fn arrived(&self, index: u64) -> bool {
+        self.notified[(index % self.notified.len() as u64) as usize] == index + 1
+    }
+}
+
 #[derive(Default)]
 struct SendSide {
     peer: usize,
@@ -1427,13 +1434,9 @@ impl RecvConn for RdmaRecv {
         let ready = {
             let mut st = self.net.st.lock().unwrap();
             // message `next` is in place once its NOTIFY arrived (slot `next % slots` holds it)
-            let (next, slots) = (self.next, self.slots as u64);
-            let state = |st: &NetState| {
-                st.recvs
-                    .get(&self.id)
-                    .map(|r| (r.notified[(next % slots) as usize] == next + 1, r.aborted))
-                    .unwrap_or((false, true))
-            };
+            let next = self.next;
+            let state =
+                |st: &NetState| st.recvs.get(&self.id).map(|r| (r.arrived(next), r.aborted)).unwrap_or((false, true));
             let (mut here, mut aborted) = state(&st);
             if !here {
                 self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
@@ -1482,8 +1485,8 @@ impl RecvConn for RdmaRecv {
         // the peer's process is gone, but it may have finished normally: what it sent before
         // exiting can still be on its way through the provider (a software provider reads it
         // from a socket only when progressed), so drain before deciding it is lost
-        let (id, next, slots) = (self.id, self.next, self.slots as u64);
-        let here = |st: &NetState| st.recvs.get(&id).is_some_and(|r| r.notified[(next % slots) as usize] == next + 1);
+        let (id, next) = (self.id, self.next);
+        let here = |st: &NetState| st.recvs.get(&id).is_some_and(|r| r.arrived(next));
         let until = std::time::Instant::now() + DEAD_PEER_DRAIN;
         loop {
             let mut st = self.net.st.lock().unwrap();
