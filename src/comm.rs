@@ -4,6 +4,7 @@ use crate::bootstrap::{self, Rendezvous, UniqueId};
 use crate::config::Config;
 use crate::exec::{drive, Conns, DriveComm, OpMem, OpRun, Policy};
 use crate::schedule::{build, inplace_layout, Coll, Fingerprint, Params};
+use crate::select::{AlgoSelection, CallOptions};
 use crate::store::{Store, StoreServer};
 use crate::types::{DataType, Element, ReduceOp};
 use crate::{Error, Result};
@@ -55,6 +56,8 @@ type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
 struct Record {
     seq: u64,
     fp: Fingerprint,
+    /// The caller's profiler tag (0: untagged).
+    tag: u64,
     sched: Arc<crate::schedule::Schedule>,
     start: Instant,
     end: Option<Instant>,
@@ -78,8 +81,8 @@ pub(crate) struct Shared {
     host_of: Vec<usize>,
     /// Ranks of this communicator on this host per core (at least 1).
     oversub: f64,
-    /// The last tuner decision: (operation, bytes, algorithm).
-    last_choice: Mutex<Option<(Coll, usize, crate::schedule::Algo)>>,
+    /// The last tuner decision: (operation, bytes, selection, algorithm).
+    last_choice: Mutex<Option<(Coll, usize, AlgoSelection, crate::schedule::Algo)>>,
     rank: usize,
     nranks: usize,
     comm_id: u64,
@@ -407,6 +410,12 @@ impl Communicator {
         .map(Some)
     }
 
+    /// The communicator's id: a hash of its namespace, the same on every rank (it is in every
+    /// frame header and names the flight record's file).
+    pub fn comm_hash(&self) -> u64 {
+        self.sh.comm_id
+    }
+
     /// This rank (`ncclCommUserRank`).
     pub fn rank(&self) -> usize {
         self.sh.rank
@@ -470,8 +479,14 @@ impl Communicator {
     /// Run one operation on raw bytes: the untyped form under the typed methods and the C ABI.
     /// Buffers are checked against `desc`'s counts.
     pub fn run(&self, desc: OpDesc, mem: OpMem<'_>) -> Result<()> {
+        self.run_with(desc, CallOptions::default(), mem)
+    }
+
+    /// [`Communicator::run`] with per-call options: an algorithm selection (every rank must pass
+    /// the same one, or the call fails as a mismatch) and a profiler tag for the flight record.
+    pub fn run_with(&self, desc: OpDesc, opts: CallOptions, mem: OpMem<'_>) -> Result<()> {
         let mut g = Group::new();
-        g.add(self, desc, mem)?;
+        g.add_with(self, desc, opts, mem)?;
         g.run()
     }
 
@@ -550,12 +565,17 @@ impl Communicator {
     /// this op needs new peers, happens before it returns. Operations on one communicator
     /// complete in submission order, and a later blocking call waits for them first.
     pub fn submit(&self, desc: OpDesc, mem: OpMem<'static>) -> Result<Request<OpMem<'static>>> {
+        self.submit_with(desc, CallOptions::default(), mem)
+    }
+
+    /// [`Communicator::submit`] with per-call options (see [`Communicator::run_with`]).
+    pub fn submit_with(&self, desc: OpDesc, opts: CallOptions, mem: OpMem<'static>) -> Result<Request<OpMem<'static>>> {
         if !matches!(mem, OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. }) {
             return Err(Error::invalid_argument("submit needs owned buffers"));
         }
         let _busy = self.enter()?;
         let mut g = Group::new();
-        g.add(self, desc, mem)?;
+        g.add_with(self, desc, opts, mem)?;
         let run = g
             .prepare(&[self], Instant::now())?
             .pop()
@@ -650,6 +670,9 @@ impl Communicator {
         let (Some(bi), Some(bo)) = (bytes(ni), bytes(no)) else {
             return bad(format!("count {} of {} overflows the address space", d.count, d.dtype.name()));
         };
+        if d.count as u64 >= 1u64 << crate::schedule::COUNT_BITS {
+            return bad(format!("count {} is not below 2^{}", d.count, crate::schedule::COUNT_BITS));
+        }
         if let ReduceOp::PreMulSum(_) = d.op {
             if !d.coll.reduces() {
                 return bad("pre-multiplied sum on an operation that does not reduce".into());
@@ -990,12 +1013,12 @@ impl<'s> Setup<'s> {
 }
 
 impl Shared {
-    fn record(&self, seq: u64, fp: Fingerprint, sched: Arc<crate::schedule::Schedule>, start: Instant) {
+    fn record(&self, seq: u64, fp: Fingerprint, tag: u64, sched: Arc<crate::schedule::Schedule>, start: Instant) {
         let mut r = self.recorder.lock().unwrap();
         if r.len() == RECORDS {
             r.pop_front();
         }
-        r.push_back(Record { seq, fp, sched, start, end: None, failed: false });
+        r.push_back(Record { seq, fp, tag, sched, start, end: None, failed: false });
     }
 
     fn record_end(&self, seq: u64, fp: Fingerprint, done: bool, end: Instant) {
@@ -1036,9 +1059,10 @@ impl Shared {
                     (Some(_), false) => "done",
                 };
                 format!(
-                    "{{\"seq\": {}, \"op\": {}, \"state\": \"{state}\", \"recv_from\": {rx:?}, \"send_to\": {tx:?}, \"start_us\": {}, \"end_us\": {}}}",
+                    "{{\"seq\": {}, \"op\": {}, \"tag\": {}, \"state\": \"{state}\", \"recv_from\": {rx:?}, \"send_to\": {tx:?}, \"start_us\": {}, \"end_us\": {}}}",
                     r.seq,
                     q(&r.fp.to_string()),
+                    r.tag,
                     us(r.start),
                     r.end.map_or("null".to_string(), |t| us(t).to_string())
                 )
@@ -1148,20 +1172,40 @@ impl Shared {
     /// the ordered schedules for reductions; otherwise an α-β model picks among the allowed
     /// algorithms (ring, recursive doubling, Rabenseifner, double binary tree, hierarchical when
     /// ranks share hosts across several hosts), with shared-memory constants inside a host and network constants between hosts.
-    pub(crate) fn choose_algo(&self, coll: Coll, bytes: usize) -> crate::schedule::Algo {
+    pub(crate) fn choose_algo(&self, coll: Coll, bytes: usize, sel: AlgoSelection) -> Result<crate::schedule::Algo> {
         use crate::schedule::Algo;
         let mut last = self.last_choice.lock().unwrap();
-        if let Some((c, b, a)) = *last {
-            if c == coll && b == bytes {
-                return a; // the common case: the same call again
+        if let Some((c, b, s, a)) = *last {
+            if c == coll && b == bytes && s == sel {
+                return Ok(a); // the common case: the same call again
             }
         }
+        let restricted;
+        let algos: &[Algo] = if !sel.is_restricted() {
+            &self.algos
+        } else if self.cfg.deterministic && coll.reduces() {
+            if sel.force {
+                return Err(Error::invalid_usage(format!(
+                    "{}: OXCCL_DETERMINISTIC=1 fixes the algorithm of reductions, so algSelection {:?} cannot be honoured (forceAlgSelection is set)",
+                    coll.name(),
+                    AlgoSelection::describe_wire(sel.wire())
+                ))
+                .with_rank(self.rank));
+            }
+            &self.algos
+        } else if coll != Coll::AllReduce {
+            crate::select::restrict(&[Algo::Ring], sel, coll).map_err(|e| e.with_rank(self.rank))?;
+            &self.algos
+        } else {
+            restricted = crate::select::restrict(&self.algos, sel, coll).map_err(|e| e.with_rank(self.rank))?;
+            &restricted
+        };
         let algo = if self.cfg.deterministic && coll.reduces() {
             Algo::Ordered
         } else if coll != Coll::AllReduce {
             Algo::Ring
-        } else if self.algos.len() == 1 {
-            self.algos[0]
+        } else if algos.len() == 1 {
+            algos[0]
         } else {
             let t = &self.cfg.tuner;
             let hosts = self.host_of.iter().max().map_or(1, |m| m + 1);
@@ -1190,7 +1234,7 @@ impl Shared {
             } else {
                 f64::INFINITY
             };
-            let mut best = (f64::INFINITY, Algo::Ring);
+            let mut best = (f64::INFINITY, algos[0]);
             let costs = [
                 (ring, Algo::Ring),
                 (rd, Algo::RecursiveDoubling),
@@ -1199,17 +1243,22 @@ impl Shared {
                 (hier, Algo::Hierarchical),
             ];
             for (cost, a) in costs {
-                if self.algos.contains(&a) && cost < best.0 {
+                if algos.contains(&a) && cost < best.0 {
                     best = (cost, a);
                 }
             }
             best.1
         };
-        if last.map(|(c, _, a)| (c, a)) != Some((coll, algo)) {
-            tracing::info!("[{}] oxccl: {} of {bytes} bytes uses {}", self.rank, coll.name(), algo.name());
+        if last.map(|(c, _, _, a)| (c, a)) != Some((coll, algo)) {
+            let why = if sel.is_restricted() {
+                format!(" (algSelection {})", AlgoSelection::describe_wire(sel.wire()))
+            } else {
+                String::new()
+            };
+            tracing::info!("[{}] oxccl: {} of {bytes} bytes uses {}{why}", self.rank, coll.name(), algo.name());
         }
-        *last = Some((coll, bytes, algo));
-        algo
+        *last = Some((coll, bytes, sel, algo));
+        Ok(algo)
     }
 
     /// The first error, if any.
@@ -1246,7 +1295,7 @@ impl Shared {
 /// ```
 #[derive(Default)]
 pub struct Group<'a> {
-    ops: Vec<(&'a Communicator, OpDesc, OpMem<'a>)>,
+    ops: Vec<(&'a Communicator, OpDesc, CallOptions, OpMem<'a>)>,
 }
 
 impl<'a> Group<'a> {
@@ -1256,9 +1305,20 @@ impl<'a> Group<'a> {
     }
 
     /// Add any operation in its untyped form.
-    pub fn add(&mut self, comm: &'a Communicator, desc: OpDesc, mut mem: OpMem<'a>) -> Result<&mut Self> {
+    pub fn add(&mut self, comm: &'a Communicator, desc: OpDesc, mem: OpMem<'a>) -> Result<&mut Self> {
+        self.add_with(comm, desc, CallOptions::default(), mem)
+    }
+
+    /// Add an operation with per-call options (algorithm selection, profiler tag).
+    pub fn add_with(
+        &mut self,
+        comm: &'a Communicator,
+        desc: OpDesc,
+        opts: CallOptions,
+        mut mem: OpMem<'a>,
+    ) -> Result<&mut Self> {
         comm.validate(&desc, &mem.view())?;
-        self.ops.push((comm, desc, mem));
+        self.ops.push((comm, desc, opts, mem));
         Ok(self)
     }
 
@@ -1334,7 +1394,7 @@ impl<'a> Group<'a> {
     fn comms(&self) -> Vec<&'a Communicator> {
         // distinct communicators, in first-use order
         let mut comms: Vec<&Communicator> = Vec::new();
-        for (c, _, _) in &self.ops {
+        for (c, _, _, _) in &self.ops {
             if !comms.iter().any(|x| Arc::ptr_eq(&x.sh, &c.sh)) {
                 comms.push(c);
             }
@@ -1350,13 +1410,21 @@ impl<'a> Group<'a> {
         }
         // pass 1: sequence numbers and schedules, in the order the ops were added (which is the
         // order they use each connection)
+        // the algorithms first: a call whose selection cannot be honoured fails before any
+        // sequence number is taken, and the communicator stays usable
+        let algos = self
+            .ops
+            .iter()
+            .map(|(c, d, o, _)| {
+                c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos).map_err(|e| e.with_op(d.coll.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut runs: Vec<OpRun<'a>> = Vec::with_capacity(self.ops.len());
-        for (c, d, mem) in self.ops {
+        for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
             let sh = &*c.sh;
             let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
             let avg = d.op == ReduceOp::Avg && d.coll.reduces();
-            let algo = sh.choose_algo(d.coll, d.count * d.dtype.size());
             let (seq, sched) = {
                 let mut st = sh.state.lock().unwrap();
                 let ctr = match d.coll {
@@ -1399,8 +1467,9 @@ impl<'a> Group<'a> {
                 (seq, sched)
             };
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
-            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo };
-            sh.record(seq, fp, sched.clone(), now);
+            let sel = opts.algos.wire();
+            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
+            sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
             runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,

@@ -488,7 +488,7 @@ impl<'a> OpRun<'a> {
                 len: len as u32,
                 comm: self.comm_id,
                 seq: self.seq,
-                count: self.fp.count as u64,
+                count: self.fp.count_word(),
                 step: self.tx_idx[q],
                 call: self.fp.call_word(),
             };
@@ -541,7 +541,7 @@ impl Expect {
     fn check(&self, h: &Header) -> Result<()> {
         let (peer, len) = (self.peer, self.len);
         let call = self.fp.call_word();
-        if h.comm != self.comm_id || h.seq != self.seq || h.count != self.fp.count as u64 || h.call != call {
+        if h.comm != self.comm_id || h.seq != self.seq || h.count != self.fp.count_word() || h.call != call {
             return Err(Error::invalid_usage(format!(
                 "mismatched operations: rank {} called {} (op #{}) but rank {peer} called {} (op #{}){}",
                 self.rank,

@@ -66,6 +66,7 @@ pub mod exact;
 pub mod exec;
 pub mod reduce;
 pub mod schedule;
+pub mod select;
 pub mod sim;
 pub mod types;
 
@@ -82,3 +83,4 @@ pub use comm::{AbortHandle, Communicator, Group, OpDesc, Request};
 pub use config::Config;
 pub use exec::{HostBuf, OpMem};
 pub use schedule::Coll;
+pub use select::{AlgoSelection, CallOptions};

@@ -177,9 +177,20 @@ pub struct Fingerprint {
     pub count: usize,
     /// Algorithm (ranks that chose differently would exchange differently shaped messages).
     pub algo: Algo,
+    /// The call's algorithm selection ([`crate::select::AlgoSelection::wire`]; 0: automatic).
+    pub sel: u8,
 }
 
+/// Element counts fit below this bit of the header's `count` word; the byte above carries the
+/// call's algorithm selection.
+pub const COUNT_BITS: u32 = 56;
+
 impl Fingerprint {
+    /// The header's `count` word: the element count, and the selection in the top byte.
+    pub fn count_word(&self) -> u64 {
+        self.count as u64 | (self.sel as u64) << COUNT_BITS
+    }
+
     /// The `call` word: operation, type, reduce op and root packed in 32 bits.
     pub fn call_word(&self) -> u32 {
         let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { (self.root as u32) & 0x3FFFF };
@@ -188,7 +199,9 @@ impl Fingerprint {
     }
 
     /// Describe a peer's (count, call) pair for messages.
-    pub fn describe_wire(count: u64, call: u32) -> String {
+    pub fn describe_wire(count_word: u64, call: u32) -> String {
+        let count = count_word & ((1u64 << COUNT_BITS) - 1);
+        let sel = (count_word >> COUNT_BITS) as u8;
         let coll = match call & 0xF {
             1 => "allreduce",
             2 => "allgather",
@@ -205,7 +218,7 @@ impl Fingerprint {
         let op =
             ["sum", "prod", "max", "min", "avg", "premulsum"].get(((call >> 8) & 0xF) as usize).copied().unwrap_or("?");
         let algo = Algo::ALL.get(((call >> 12) & 7) as usize).map(|a| a.name()).unwrap_or("?");
-        format!("{coll}(type={dt}, count={count}, op={op}, root={}, algo={algo})", call >> 15)
+        format!("{coll}(type={dt}, count={count}, op={op}, root={}, algo={algo}{})", call >> 15, sel_suffix(sel))
     }
 }
 
@@ -215,12 +228,22 @@ impl fmt::Display for Fingerprint {
         let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { self.root };
         write!(
             f,
-            "{name}(type={}, count={}, op={}, root={root}, algo={})",
+            "{name}(type={}, count={}, op={}, root={root}, algo={}{})",
             self.dtype.name(),
             self.count,
             self.op.name(),
-            self.algo.name()
+            self.algo.name(),
+            sel_suffix(self.sel)
         )
+    }
+}
+
+/// `, algSelection=ring,tree` for a restricted call; nothing for an automatic one.
+fn sel_suffix(sel: u8) -> String {
+    if sel == 0 {
+        String::new()
+    } else {
+        format!(", algSelection={}", crate::select::AlgoSelection::describe_wire(sel))
     }
 }
 
@@ -267,7 +290,12 @@ impl Algo {
 
     /// Code carried in the `call` word (3 bits).
     fn code(self) -> u32 {
-        Algo::ALL.iter().position(|a| *a == self).unwrap() as u32
+        self.index() as u32
+    }
+
+    /// Position in [`Algo::ALL`].
+    pub fn index(self) -> usize {
+        Algo::ALL.iter().position(|a| *a == self).unwrap()
     }
 }
 

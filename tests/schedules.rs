@@ -458,12 +458,15 @@ fn hierarchical_in_the_simulator() {
 #[test]
 fn fingerprints_decode_to_the_call() {
     use oxccl::schedule::Fingerprint;
+    let restricted = oxccl::select::AlgoSelection::only(&[Algo::Ring, Algo::Tree], true).wire();
     for algo in Algo::ALL {
         for root in [0, 1, 5, 100_000] {
-            let fp =
-                Fingerprint { coll: Coll::Broadcast, dtype: DataType::BF16, op: ReduceOp::Max, root, count: 77, algo };
-            let wire = Fingerprint::describe_wire(77, fp.call_word());
-            assert_eq!(wire, fp.to_string(), "{algo:?} root {root}");
+            for sel in [0, restricted] {
+                let (coll, dtype, op) = (Coll::Broadcast, DataType::BF16, ReduceOp::Max);
+                let fp = Fingerprint { coll, dtype, op, root, count: 77, algo, sel };
+                let wire = Fingerprint::describe_wire(fp.count_word(), fp.call_word());
+                assert_eq!(wire, fp.to_string(), "{algo:?} root {root} sel {sel}");
+            }
         }
     }
 }

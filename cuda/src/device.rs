@@ -27,7 +27,7 @@
 use crate::driver::{self, Event, Memory, Pinned, Stream};
 use crate::kernels::{self, KernelArgs, MAX_PTRS};
 use oxccl::exec::OpMem;
-use oxccl::{Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
+use oxccl::{CallOptions, Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -176,7 +176,7 @@ unsafe extern "C" fn gate_fn(p: *mut libc::c_void) {
 }
 
 struct Job {
-    ops: Vec<(OpDesc, DevMem)>,
+    ops: Vec<(OpDesc, CallOptions, DevMem)>,
     ready: Event,
     gate: Arc<Gate>,
 }
@@ -281,6 +281,18 @@ impl DeviceComm {
     /// The buffers are device memory of this communicator's GPU, valid until the operation has
     /// completed on `stream`; `stream` is a live stream of the current context (or NULL).
     pub unsafe fn enqueue(&self, ops: Vec<(OpDesc, DevMem)>, stream: UserStream) -> Result<()> {
+        let ops = ops.into_iter().map(|(d, m)| (d, CallOptions::default(), m)).collect();
+        // SAFETY: the caller's contract, unchanged.
+        unsafe { self.enqueue_with(ops, stream) }
+    }
+
+    /// [`DeviceComm::enqueue`] with per-call options (algorithm selection, profiler tag). A
+    /// restricted selection takes the staged path, whose schedules honour it (the one-shot
+    /// kernels are an algorithm of their own).
+    ///
+    /// # Safety
+    /// As for [`DeviceComm::enqueue`].
+    pub unsafe fn enqueue_with(&self, ops: Vec<(OpDesc, CallOptions, DevMem)>, stream: UserStream) -> Result<()> {
         let rank = self.host().rank();
         if let Some(e) = self.error() {
             return Err(e);
@@ -296,7 +308,7 @@ impl DeviceComm {
                 )
                 .with_rank(rank));
             }
-            for (d, m) in &ops {
+            for (d, _, m) in &ops {
                 for p in m.pointers() {
                     if p != 0 && driver::classify(p) != Memory::Device(self.inner.device) {
                         return Err(Error::invalid_argument(format!(
@@ -487,8 +499,8 @@ fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
     let comm = inner.host.comm();
     job.ready.wait()?;
     if job.ops.len() == 1 {
-        let (d, m) = job.ops[0];
-        if inner.ipc_allowed && one_shot(d.coll) {
+        let (d, o, m) = job.ops[0];
+        if inner.ipc_allowed && one_shot(d.coll) && !o.algos.is_restricted() {
             if let Some(r) = try_ipc(inner, w, &d, &m) {
                 r?;
                 COUNTS.lock().unwrap().ipc += 1;
@@ -701,9 +713,9 @@ fn pinned_layout(m: &DevMem) -> (usize, usize, usize) {
 }
 
 /// The staged path: device → pinned host → host collective(s) → device.
-fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Result<()> {
+fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, CallOptions, DevMem)]) -> Result<()> {
     let (n, r) = (comm.size(), comm.rank());
-    let total: usize = ops.iter().map(|(_, m)| pinned_layout(m).2).sum();
+    let total: usize = ops.iter().map(|(_, _, m)| pinned_layout(m).2).sum();
     if w.staging.as_ref().is_none_or(|p| p.len() < total) {
         let p = Pinned::new(total.next_power_of_two())?;
         if let Some(old) = w.staging.replace(p) {
@@ -714,7 +726,7 @@ fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Resu
     // per op: its region's offset, and the pinned and device windows of its input and output
     let mut at = 0usize;
     let mut regions = Vec::with_capacity(ops.len());
-    for (d, m) in ops {
+    for (d, _, m) in ops {
         let es = d.dtype.size();
         let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
         let (pi, po, size) = pinned_layout(m);
@@ -728,7 +740,7 @@ fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Resu
     }
     w.stream.sync()?;
     let mut g = Group::new();
-    for ((d, m), &(base, ..)) in ops.iter().zip(&regions) {
+    for ((d, o, m), &(base, ..)) in ops.iter().zip(&regions) {
         // SAFETY: each operation gets a disjoint region of the pinned buffer, which only this
         // thread touches until the copies back are done.
         let region = unsafe { std::slice::from_raw_parts_mut(pin.add(base), m.pinned_len()) };
@@ -739,7 +751,7 @@ fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, DevMem)]) -> Resu
             }
             DevMem::InPlace { in_off, out_off, .. } => OpMem::InPlace { buf: region, in_off, out_off },
         };
-        g.add(comm, *d, mem)?;
+        g.add_with(comm, *d, *o, mem)?;
     }
     g.run()?;
     for &(.., po, (op, ol)) in &regions {
