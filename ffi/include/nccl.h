@@ -1,6 +1,6 @@
 /*
- * nccl.h - oxccl's drop-in header for NCCL's C API (NCCL 2.30.7: every function, enum value,
- * type and macro). Link with oxccl's libnccl.so.2. It compiles in C and C++, with or without the
+ * nccl.h - oxccl's drop-in header for NCCL's C API (NCCL 2.32.3: every function, enum value,
+ * type and macro; the host side of the device API is in nccl_device.h). Link with oxccl's libnccl.so.2. It compiles in C and C++, with or without the
  * CUDA headers: when <cuda_runtime.h> is available it is included (as NCCL's header does),
  * otherwise cudaStream_t is declared here with the same type. Define OXCCL_NO_CUDA_HEADERS to
  * never include them. ffi/src/lib.rs's tests check this file against the library.
@@ -19,10 +19,10 @@ typedef struct CUstream_st* cudaStream_t;
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 30
-#define NCCL_PATCH 7
+#define NCCL_MINOR 32
+#define NCCL_PATCH 3
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 23007
+#define NCCL_VERSION_CODE 23203
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
 #ifdef __cplusplus
@@ -67,6 +67,8 @@ typedef enum {
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
 #define NCCL_WIN_STRICT_ORDERING 0x02
+#define NCCL_WIN_GIN_ONLY 0x04
+#define NCCL_WIN_CFT_COUNTED 0x08
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 #define NCCL_CTA_POLICY_DEFAULT 0x00
 #define NCCL_CTA_POLICY_EFFICIENCY 0x01
@@ -76,9 +78,24 @@ typedef enum {
 #define NCCL_REVOKE_DEFAULT 0x00
 #define NCCL_SUSPEND_MEM 0x01
 
+typedef enum {
+  ncclHostCftDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclHostCftEnable = 1,
+  ncclHostCftDisable = 2,
+  ncclHostCftFallback = 3
+} ncclHostCftMode_t;
+
+typedef enum {
+  ncclNvlsHostModeDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclNvlsHostModeEnable = 0,
+  ncclNvlsHostModeDisableTransport = 1 << 0,
+  ncclNvlsHostModeDisableSymmetricMultimem = 1 << 1,
+  ncclNvlsHostModeDisable = INT_MAX,
+} ncclNvlsHostMode_t;
+
 /* Communicator configuration: fields are only ever appended; the library reads as many as the
- * caller's size and version cover (every historic layout, 24 to 96 bytes). */
-typedef struct ncclConfig_v23000 {
+ * caller's size and version cover (every historic layout, 24 to 120 bytes). */
+typedef struct ncclConfig_v23100 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -100,6 +117,11 @@ typedef struct ncclConfig_v23000 {
   int numRmaCtx;
   int maxP2pPeers;
   int graphStreamOrdering;
+  int launchOrderImplicit;
+  int numRmaSig;
+  int rmaEagerInit;
+  int hostCftMode;
+  int nvlsHostMode;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER {                                                           \
@@ -124,6 +146,87 @@ typedef struct ncclConfig_v23000 {
   NCCL_CONFIG_UNDEF_INT, /* numRmaCtx */                                                    \
   NCCL_CONFIG_UNDEF_INT, /* maxP2pPeers */                                                  \
   NCCL_CONFIG_UNDEF_INT, /* graphStreamOrdering */                                          \
+  NCCL_CONFIG_UNDEF_INT, /* launchOrderImplicit */                                          \
+  NCCL_CONFIG_UNDEF_INT, /* numRmaSig */                                                    \
+  NCCL_CONFIG_UNDEF_INT, /* rmaEagerInit */                                                 \
+  NCCL_CONFIG_UNDEF_INT, /* hostCftMode */                                                  \
+  NCCL_CONFIG_UNDEF_INT, /* nvlsHostMode */                                                 \
+}
+
+/* A vendor option for ncclCollConfig_t.ext (oxccl, like NCCL, ignores every extension). */
+typedef struct ncclConfigExt {
+  struct ncclConfigExt* next;
+  struct {
+    int vendorId;
+    int optionId;
+  } key;
+  union {
+    int i;
+    const char* s;
+    void* raw;
+  } val;
+} ncclConfigExt_t;
+
+#ifndef OXCCL_HAVE_CUDA_RUNTIME
+typedef struct CUevent_st* cudaEvent_t;
+#endif
+
+/* Per-call configuration for the nccl*Config collectives (NCCL 2.31; launchCompletionEvent 2.32).
+ * oxccl: algSelection restricts the algorithm (NCCL_ALGO syntax), forceAlgSelection makes an
+ * unsatisfiable one an error, userProfilerTag goes into the flight record; the CTA fields are
+ * validated and ignored; a non-NULL launchCompletionEvent is refused. */
+typedef struct ncclCollConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  ncclConfigExt_t* ext;
+  int minCTAs;
+  int maxCTAs;
+  int nvlsCTAs;
+  int cgaClusterSize;
+  const char* algSelection;
+  int forceAlgSelection;
+  int CTAPolicy;
+  uint64_t userProfilerTag;
+  cudaEvent_t launchCompletionEvent;
+} ncclCollConfig_t;
+
+#define NCCL_COLLCONFIG_INITIALIZER {                                                       \
+  sizeof(ncclCollConfig_t), /* size */                                                      \
+  NCCL_API_MAGIC, /* magic */                                                               \
+  NCCL_VERSION_CODE, /* version */                                                          \
+  NCCL_CONFIG_UNDEF_PTR, /* ext */                                                          \
+  NCCL_CONFIG_UNDEF_INT, /* minCTAs */                                                      \
+  NCCL_CONFIG_UNDEF_INT, /* maxCTAs */                                                      \
+  NCCL_CONFIG_UNDEF_INT, /* nvlsCTAs */                                                     \
+  NCCL_CONFIG_UNDEF_INT, /* cgaClusterSize */                                               \
+  NCCL_CONFIG_UNDEF_PTR, /* algSelection */                                                 \
+  1, /* forceAlgSelection */                                                                \
+  NCCL_CONFIG_UNDEF_INT, /* CTAPolicy */                                                    \
+  0, /* userProfilerTag */                                                                  \
+  NCCL_CONFIG_UNDEF_PTR, /* launchCompletionEvent */                                        \
+}
+
+/* Encryption (NCCL 2.32; oxccl refuses the PSK mode until it can encrypt) */
+typedef enum {
+  NCCL_ENCRYPTION_MODE_NONE = 0,
+  NCCL_ENCRYPTION_MODE_PSK = 1
+} ncclEncryptionMode_t;
+
+typedef struct ncclEncryptionConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int mode;
+  const char* psk;
+} ncclEncryptionConfig_t;
+
+#define NCCL_ENCRYPTION_CONFIG_INITIALIZER {                                                \
+  sizeof(ncclEncryptionConfig_t), /* size */                                                \
+  NCCL_API_MAGIC, /* magic */                                                               \
+  NCCL_VERSION_CODE, /* version */                                                          \
+  NCCL_ENCRYPTION_MODE_NONE, /* encryption mode */                                          \
+  NCCL_CONFIG_UNDEF_PTR, /* tls psk */                                                      \
 }
 
 /* Simulation info (ncclGroupSimulateEnd) */
@@ -245,6 +348,10 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank);
 void ncclResetDebugInit(void);
 void pncclResetDebugInit(void);
+void ncclResetDebugInitInternal(void);
+void pncclResetDebugInitInternal(void);
+ncclResult_t ncclSetEncryption(const ncclEncryptionConfig_t* config);
+ncclResult_t pncclSetEncryption(const ncclEncryptionConfig_t* config);
 
 /* Memory and registration */
 ncclResult_t ncclMemAlloc(void** ptr, size_t size);
@@ -287,6 +394,24 @@ ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, nccl
 ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
+
+/* Collectives with a per-call config (NCCL 2.31; a NULL config is the plain call) */
+ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
 
 /* Point to point and one-sided */
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);

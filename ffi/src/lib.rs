@@ -3,7 +3,8 @@
 //! `cargo build --release` produces `target/release/libnccl.so` with SONAME `libnccl.so.2` (and a
 //! `libnccl.so.2` link beside it). A program written against NCCL's `nccl.h` (or oxccl's copy in
 //! `ffi/include/nccl.h`) links with it unchanged. The library exports every function of NCCL
-//! 2.30.7's `nccl.h` as `ncclX` and `pncclX`, and nothing else (`libnccl.map`).
+//! 2.32.3's `libnccl.so.2` (`nccl.h` and the host side of `nccl_device.h`) as `ncclX` and
+//! `pncclX`, and nothing else (`libnccl.map`).
 //!
 //! What works (host memory; see `docs/pytorch.md` and `docs/errors.md`):
 //! - every collective, send/recv and groups (`ncclGroupStart`/`End` nest; one thread may drive
@@ -31,9 +32,9 @@
 use libc::{c_char, c_int, c_void, size_t};
 use oxccl::exec::{HostBuf, OpMem};
 use oxccl::schedule::inplace_layout;
-use oxccl::{Coll, Communicator, Config, DataType, Error, ErrorKind, OpDesc, ReduceOp, Request, UniqueId};
+use oxccl::{CallOptions, Coll, Communicator, Config, DataType, Error, ErrorKind, OpDesc, ReduceOp, Request, UniqueId};
 use std::collections::BTreeMap;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -63,7 +64,7 @@ pub const ncclTimeout: ncclResult_t = 8;
 pub const ncclNumResults: ncclResult_t = 9;
 
 /// The NCCL version this library reports (`NCCL_VERSION_CODE` of the header it implements).
-pub const NCCL_VERSION_CODE: c_int = 23007;
+pub const NCCL_VERSION_CODE: c_int = 23203;
 /// `NCCL_API_MAGIC`: the magic of versioned structs (`ncclConfig_t`).
 pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
 /// `NCCL_SPLIT_NOCOLOR`
@@ -133,7 +134,7 @@ pub struct ncclWaitSignalDesc_t {
     pub ctx: c_int,
 }
 
-/// `ncclConfig_t` as NCCL 2.30.7 lays it out (96 bytes); callers may pass any historic prefix.
+/// `ncclConfig_t` as NCCL 2.32.3 lays it out (120 bytes); callers may pass any historic prefix.
 #[repr(C)]
 pub struct ncclConfig_t {
     /// Caller's `sizeof(ncclConfig_t)`.
@@ -178,16 +179,22 @@ pub struct ncclConfig_t {
     pub maxP2pPeers: c_int,
     /// Graph stream ordering (ignored).
     pub graphStreamOrdering: c_int,
+    /// Implicit launch order (2.31; ignored: host operations complete in call order).
+    pub launchOrderImplicit: c_int,
+    /// RMA signals (2.31; ignored).
+    pub numRmaSig: c_int,
+    /// Eager RMA initialisation (2.31; ignored).
+    pub rmaEagerInit: c_int,
+    /// Host CFT mode (2.32; ignored).
+    pub hostCftMode: c_int,
+    /// Host NVLS components (2.32; ignored: no NVLS).
+    pub nvlsHostMode: c_int,
 }
 
 // ---- errors and the panic boundary ----------------------------------------------------------
 
-static LAST_ERROR: Mutex<Option<CString>> = Mutex::new(None);
-
-fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    *LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
-}
+mod last_error;
+use last_error::set_last_error;
 
 /// The `ncclResult_t` of an oxccl error.
 pub fn result_of(e: &Error) -> ncclResult_t {
@@ -196,7 +203,10 @@ pub fn result_of(e: &Error) -> ncclResult_t {
         ErrorKind::System => ncclSystemError,
         ErrorKind::Internal => ncclInternalError,
         ErrorKind::InvalidArgument => ncclInvalidArgument,
-        ErrorKind::InvalidUsage | ErrorKind::Unavailable => ncclInvalidUsage,
+        ErrorKind::InvalidUsage => ncclInvalidUsage,
+        // a library, device or kernel feature this system lacks (what oxccl does not implement
+        // is InvalidUsage, named as such)
+        ErrorKind::Unavailable => ncclSystemError,
         ErrorKind::Remote => ncclRemoteError,
         ErrorKind::InProgress => ncclInProgress,
         ErrorKind::Timeout => ncclTimeout,
@@ -397,7 +407,7 @@ struct Parsed {
     blocking: Option<bool>,
 }
 
-/// Parse a caller's `ncclConfig_t` of any historic layout (24..=96 bytes): only the fields its
+/// Parse a caller's `ncclConfig_t` of any historic layout (24..=120 bytes): only the fields its
 /// `size` and `version` cover are read.
 ///
 /// # Safety
@@ -680,6 +690,7 @@ fn redop(e: &Entry, op: c_int, dt: DataType) -> Result<ReduceOp, Error> {
 struct Pending {
     entry: Arc<Entry>,
     desc: OpDesc,
+    opts: CallOptions,
     layout: Layout,
     /// Device buffers: the device, and the stream the operation is enqueued on.
     device: Option<(i32, usize)>,
@@ -753,6 +764,23 @@ fn enqueue(
     root: c_int,
     stream: cudaStream_t,
 ) -> R {
+    enqueue_with(h, coll, send, recv, count, datatype, op, root, stream, CallOptions::default())
+}
+
+/// [`enqueue`] with per-call options (`nccl*Config`).
+#[allow(clippy::too_many_arguments)] // NCCL's own argument list, and the options
+fn enqueue_with(
+    h: ncclComm_t,
+    coll: Coll,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: size_t,
+    datatype: c_int,
+    op: c_int,
+    root: c_int,
+    stream: cudaStream_t,
+    opts: CallOptions,
+) -> R {
     let e = entry(h)?;
     let dt = dtype(datatype)?;
     let comm = e.ready()?;
@@ -775,7 +803,7 @@ fn enqueue(
     let in_group = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 > 0 {
-            g.1.push(Pending { entry: e.clone(), desc, layout, device });
+            g.1.push(Pending { entry: e.clone(), desc, opts, layout, device });
             true
         } else {
             false
@@ -792,16 +820,16 @@ fn enqueue(
         let dc = e.device_comm(ordinal)?;
         // SAFETY: NCCL's contract: device buffers of the communicator's GPU, valid until the
         // operation completes on `stream`, a live stream.
-        unsafe { dc.enqueue(vec![(desc, dev_mem(&layout))], oxccl_cuda::UserStream(stream))? };
+        unsafe { dc.enqueue_with(vec![(desc, opts, dev_mem(&layout))], oxccl_cuda::UserStream(stream))? };
         return Ok(ncclSuccess);
     }
     e.drain_device();
     if e.blocking {
         // SAFETY: a blocking call: the caller's buffers are valid until it returns.
-        comm.run(desc, unsafe { borrowed(&layout) })?;
+        comm.run_with(desc, opts, unsafe { borrowed(&layout) })?;
         Ok(ncclSuccess)
     } else {
-        let mut req = comm.submit(desc, owned(&layout))?;
+        let mut req = comm.submit_with(desc, opts, owned(&layout))?;
         if req.test() {
             req.wait()?;
             return Ok(ncclSuccess);
@@ -843,26 +871,26 @@ fn group_end() -> R {
         p.entry.wait_requests();
     }
     // device operations: one job per communicator and stream, enqueued together
-    type DeviceJob = (Arc<Entry>, i32, usize, Vec<(OpDesc, oxccl_cuda::DevMem)>);
+    type DeviceJob = (Arc<Entry>, i32, usize, Vec<(OpDesc, CallOptions, oxccl_cuda::DevMem)>);
     let mut jobs: Vec<DeviceJob> = Vec::new();
     for p in ops.iter().filter(|p| p.device.is_some()) {
         let (ordinal, stream) = p.device.unwrap();
         match jobs.iter_mut().find(|j| Arc::ptr_eq(&j.0, &p.entry) && j.2 == stream) {
-            Some(j) => j.3.push((p.desc, dev_mem(&p.layout))),
-            None => jobs.push((p.entry.clone(), ordinal, stream, vec![(p.desc, dev_mem(&p.layout))])),
+            Some(j) => j.3.push((p.desc, p.opts, dev_mem(&p.layout))),
+            None => jobs.push((p.entry.clone(), ordinal, stream, vec![(p.desc, p.opts, dev_mem(&p.layout))])),
         }
     }
     for (entry, ordinal, stream, list) in jobs {
         let dc = entry.device_comm(ordinal)?;
         // SAFETY: NCCL's contract for device buffers and streams (see `enqueue`).
-        unsafe { dc.enqueue(list, oxccl_cuda::UserStream(stream))? };
+        unsafe { dc.enqueue_with(list, oxccl_cuda::UserStream(stream))? };
     }
     let mut group = oxccl::Group::new();
     for p in ops.iter().filter(|p| p.device.is_none()) {
         let comm = p.entry.ready()?;
         // SAFETY: the caller's buffers stay valid until ncclGroupEnd returns (NCCL's contract for
         // operations of a group, which we complete before returning).
-        group.add(comm, p.desc, unsafe { borrowed(&p.layout) })?;
+        group.add_with(comm, p.desc, p.opts, unsafe { borrowed(&p.layout) })?;
     }
     group.run()?;
     Ok(ncclSuccess)
@@ -871,7 +899,7 @@ fn group_end() -> R {
 // ---- the exported functions --------------------------------------------------------------------
 
 macro_rules! export {
-    ($( $(#[$m:meta])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) -> $ret:ty $body:block )*) => {
+    ($list:ident; $( $(#[$m:meta])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) -> $ret:ty $body:block )*) => {
         $(
             $(#[$m])*
             ///
@@ -890,9 +918,19 @@ macro_rules! export {
                 unsafe { $name($($a),*) }
             }
         )*
-        /// Every exported function (each also exported with a `p` prefix), for the header test.
-        pub const EXPORTED: &[&str] = &[$(stringify!($name)),*];
+        /// The functions this invocation exports (each also with a `p` prefix), for the header test.
+        pub const $list: &[&str] = &[$(stringify!($name)),*];
     };
+}
+
+mod collconfig;
+mod devapi;
+mod encryption;
+mod probe;
+
+/// Every exported function name (each also exported with a `p` prefix), for the header tests.
+pub fn exported() -> Vec<&'static str> {
+    [EXPORTED_CORE, collconfig::EXPORTED, devapi::EXPORTED, encryption::EXPORTED].concat()
 }
 
 static ERROR_STRINGS: [&CStr; 10] = [
@@ -946,7 +984,9 @@ fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int
 }
 
 export! {
-    /// `ncclGetVersion`: NCCL_VERSION_CODE of the API implemented (2.30.7).
+    EXPORTED_CORE;
+
+    /// `ncclGetVersion`: NCCL_VERSION_CODE of the ABI implemented (2.32.3).
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
         // SAFETY: NCCL's contract for the out-pointer.
         boundary("ncclGetVersion", || unsafe { put(version, NCCL_VERSION_CODE, "version").map(|_| ncclSuccess) })
@@ -1138,9 +1178,7 @@ export! {
     /// `ncclGetLastError`: the last error's detailed text (process-wide, as in NCCL): rank, peer, operation.
     fn ncclGetLastError / pncclGetLastError(comm: ncclComm_t) -> *const c_char {
         let _ = comm;
-        let g = LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner());
-        // the string lives until the next error replaces it (NCCL's own lifetime rule)
-        g.as_ref().map_or(c"".as_ptr(), |s| s.as_ptr())
+        last_error::current()
     }
 
     /// `ncclCommGetAsyncError`: `ncclInProgress` while initialization or non-blocking operations run.
@@ -1504,6 +1542,9 @@ export! {
 
     /// `ncclResetDebugInit` (deprecated in NCCL; nothing to reset here).
     fn ncclResetDebugInit / pncclResetDebugInit() -> () {}
+
+    /// `ncclResetDebugInitInternal`: what `ncclResetDebugInit` calls in NCCL (likewise nothing here).
+    fn ncclResetDebugInitInternal / pncclResetDebugInitInternal() -> () {}
 }
 
 #[cfg(test)]
@@ -1515,18 +1556,22 @@ mod tests {
     #[test]
     fn header_matches_the_library() {
         let h = include_str!("../include/nccl.h");
+        let dev = include_str!("../include/nccl_device.h");
         let mut declared: Vec<&str> = h
             .lines()
+            .chain(dev.lines())
             .filter_map(|l| {
                 let l = l.trim();
-                let rest = ["ncclResult_t ", "const char* ", "void "].iter().find_map(|p| l.strip_prefix(p))?;
+                let rest = ["ncclResult_t ", "const char* ", "void ", "ncclTeam_t ", "int "]
+                    .iter()
+                    .find_map(|p| l.strip_prefix(p))?;
                 let name = rest.split('(').next()?.trim();
                 (name.starts_with("nccl") && rest.contains('(')).then_some(name)
             })
             .collect();
         declared.sort_unstable();
         declared.dedup();
-        let mut exported: Vec<&str> = EXPORTED.to_vec();
+        let mut exported: Vec<&str> = exported();
         exported.sort_unstable();
         assert_eq!(declared, exported, "nccl.h and the library declare different functions");
         for (name, v) in [
@@ -1564,7 +1609,7 @@ mod tests {
             assert!(h.contains(&needle), "nccl.h lacks `{needle}`");
         }
         assert!(h.contains(&format!("#define NCCL_VERSION_CODE {NCCL_VERSION_CODE}")));
-        assert_eq!(std::mem::size_of::<ncclConfig_t>(), 96);
+        assert_eq!(std::mem::size_of::<ncclConfig_t>(), 120);
         assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
     }
 

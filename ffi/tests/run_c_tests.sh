@@ -16,7 +16,7 @@ bad=$(nm -D --defined-only "$LIB/libnccl.so" | awk '{print $3}' | grep -v -E '^p
 INC="$ROOT/ffi/include"
 CFLAGS=(-O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-missing-field-initializers)
 # the header alone, in C and C++, with and without CUDA headers
-printf '#include <nccl.h>\nint main(void){ncclConfig_t c = NCCL_CONFIG_INITIALIZER; return c.magic != NCCL_API_MAGIC;}\n' > "$OUT/hdr.c"
+printf '#include <nccl.h>\n#include <nccl_device.h>\nint main(void){ncclConfig_t c = NCCL_CONFIG_INITIALIZER; ncclCollConfig_t k = NCCL_COLLCONFIG_INITIALIZER; ncclCommProperties_t p = NCCL_COMM_PROPERTIES_INITIALIZER; ncclDevCommRequirements_t q = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER; ncclEncryptionConfig_t e = NCCL_ENCRYPTION_CONFIG_INITIALIZER; return c.magic != k.magic || p.magic != q.magic || e.magic != NCCL_API_MAGIC;}\n' > "$OUT/hdr.c"
 cc -std=c99 "${CFLAGS[@]}" -I"$INC" "$OUT/hdr.c" -o "$OUT/hdr_c"
 cc -std=c11 "${CFLAGS[@]}" -DOXCCL_NO_CUDA_HEADERS -I"$INC" "$OUT/hdr.c" -o "$OUT/hdr_c_nocuda"
 if command -v c++ >/dev/null; then
@@ -25,7 +25,7 @@ if command -v c++ >/dev/null; then
 fi
 # a stand-in <cuda_runtime.h> that defines cudaStream_t the way CUDA does
 mkdir -p "$OUT/fakecuda"
-printf 'typedef struct CUstream_st* cudaStream_t;\n' > "$OUT/fakecuda/cuda_runtime.h"
+printf 'typedef struct CUstream_st* cudaStream_t;\ntypedef struct CUevent_st* cudaEvent_t;\n' > "$OUT/fakecuda/cuda_runtime.h"
 cc -std=c11 "${CFLAGS[@]}" -I"$OUT/fakecuda" -I"$INC" "$OUT/hdr.c" -o "$OUT/hdr_c_cuda"
 build() { # name, extra flags
   local name="$1"; shift
@@ -36,13 +36,23 @@ run_all() {
   "$OUT/colls$SUFFIX" 3
   "$OUT/groups$SUFFIX" 4
   "$OUT/badargs$SUFFIX"
+  "$OUT/collconfig$SUFFIX" 3
 }
+TESTS=(colls groups badargs collconfig)
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
-SUFFIX="" ; for t in colls groups badargs; do build $t; done
+SUFFIX="" ; for t in "${TESTS[@]}"; do build $t; done
 echo "== C tests"; run_all
+# the per-call algorithm selection changes the algorithm used, as NCCL_DEBUG=INFO shows
+NCCL_DEBUG=INFO "$OUT/collconfig" 2 2>"$OUT/collconfig.log" >/dev/null || { cat "$OUT/collconfig.log"; exit 1; }
+auto=$(grep -m1 -o 'allreduce of 16384 bytes uses [a-z]*$' "$OUT/collconfig.log" | awk '{print $NF}')
+grep -q 'allreduce of 16384 bytes uses tree (algSelection tree)' "$OUT/collconfig.log" \
+  && grep -q 'allreduce of 16384 bytes uses ring (algSelection ring)' "$OUT/collconfig.log" \
+  && [ -n "$auto" ] && [ "$auto" != tree ] \
+  || { echo "algSelection did not change the algorithm (automatic: '$auto')"; cat "$OUT/collconfig.log"; exit 1; }
+echo "algSelection: automatic allreduce uses $auto; algSelection=tree uses tree; ring uses ring"
 if [ "${1:-}" != "--no-sanitizers" ]; then
   # AddressSanitizer on the C side (the Rust library is not instrumented; Valgrind covers it)
-  SUFFIX=".asan"; for t in colls groups badargs; do build $t -fsanitize=address,undefined -fno-omit-frame-pointer; done
+  SUFFIX=".asan"; for t in "${TESTS[@]}"; do build $t -fsanitize=address,undefined -fno-omit-frame-pointer; done
   echo "== C tests under AddressSanitizer"
   ASAN_OPTIONS=detect_leaks=0 run_all
   if ! command -v valgrind >/dev/null; then apt-get install -y -qq valgrind >/dev/null; fi
@@ -54,5 +64,6 @@ if [ "${1:-}" != "--no-sanitizers" ]; then
   "${VG[@]}" "$OUT/badargs"
   "${VG[@]}" "$OUT/groups" 2
   "${VG[@]}" "$OUT/colls" 2 >/dev/null
+  "${VG[@]}" "$OUT/collconfig" 2 >/dev/null 2>"$OUT/collconfig.vg.log" || { cat "$OUT/collconfig.vg.log"; exit 1; }
 fi
 echo "C tests: OK"

@@ -2,6 +2,7 @@
  * the communicator still works afterwards. */
 #include <stdint.h>
 #include "common.h"
+#include "nccl_device.h"
 #include <sys/mman.h>
 
 #define EXPECT_RC(call, want)                                                                          \
@@ -74,6 +75,111 @@ int main(void) {
     /* and the communicator still works */
     EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclSuccess);
   }
+  /* NCCL 2.31/2.32 entry points: NULL and garbage arguments */
+  {
+    void* junkp = (void*)(uintptr_t)0x10;
+    ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, (ncclCollConfig_t*)junkp), ncclInvalidArgument);
+    cc.magic = 0;
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc), ncclInvalidArgument);
+    cc = (ncclCollConfig_t)NCCL_COLLCONFIG_INITIALIZER;
+    cc.size = 3;
+    EXPECT_RC(ncclAllGatherConfig(a, b, 8, ncclFloat32, comm, NULL, &cc), ncclInvalidArgument);
+    cc = (ncclCollConfig_t)NCCL_COLLCONFIG_INITIALIZER;
+    cc.algSelection = (const char*)junkp;
+    EXPECT_RC(ncclReduceConfig(a, b, 8, ncclFloat32, ncclSum, 0, comm, NULL, &cc), ncclInvalidArgument);
+    cc.algSelection = "bogus";
+    EXPECT_RC(ncclBroadcastConfig(a, b, 8, ncclFloat32, 0, comm, NULL, &cc), ncclInvalidArgument);
+    cc.algSelection = "nvls";
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc), ncclInvalidUsage);
+    cc.algSelection = NULL;
+    cc.forceAlgSelection = 3;
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc), ncclInvalidArgument);
+    cc.forceAlgSelection = 1;
+    cc.maxCTAs = -4;
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc), ncclInvalidArgument);
+    cc.maxCTAs = NCCL_CONFIG_UNDEF_INT;
+    cc.launchCompletionEvent = (cudaEvent_t)junkp;
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc), ncclInvalidUsage);
+    cc.launchCompletionEvent = NULL;
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, 9, comm, NULL, &cc), ncclInvalidArgument);
+    EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, NULL, NULL, &cc), ncclInvalidArgument);
+    EXPECT_RC(ncclScatterConfig(a, b, 8, ncclFloat32, 3, comm, NULL, &cc), ncclInvalidArgument);
+    CHECK(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc));
+    /* encryption: validated; PSK refused until oxccl encrypts */
+    ncclEncryptionConfig_t ec = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+    EXPECT_RC(ncclSetEncryption(NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclSetEncryption((ncclEncryptionConfig_t*)junkp), ncclInvalidArgument);
+    CHECK(ncclSetEncryption(&ec));
+    ec.mode = NCCL_ENCRYPTION_MODE_PSK;
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument); /* NULL key */
+    ec.psk = (const char*)junkp;
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
+    ec.psk = "0123456789abcdef";
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidUsage);
+    EXPECT(strstr(ncclGetLastError(NULL), "cannot encrypt"), "message: %s", ncclGetLastError(NULL));
+    ec.mode = 42;
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
+    ec.mode = NCCL_ENCRYPTION_MODE_NONE;
+    ec.magic = 7;
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
+    ec.magic = NCCL_API_MAGIC;
+    ec.size = 4;
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
+    /* properties: truthful, versioned, and never a crash */
+    ncclCommProperties_t pr = NCCL_COMM_PROPERTIES_INITIALIZER;
+    pr.deviceApiSupport = true;
+    CHECK(ncclCommQueryProperties(comm, &pr));
+    EXPECT(pr.rank == 0 && pr.nRanks == 1 && !pr.deviceApiSupport && !pr.multimemSupport && pr.ginType == NCCL_GIN_TYPE_NONE,
+           "properties rank %d nRanks %d device %d", pr.rank, pr.nRanks, pr.deviceApiSupport);
+    EXPECT_RC(ncclCommQueryProperties(comm, NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclCommQueryProperties(comm, (ncclCommProperties_t*)junkp), ncclInvalidArgument);
+    EXPECT_RC(ncclCommQueryProperties(NULL, &pr), ncclInvalidArgument);
+    ncclCommProperties_t bad = NCCL_COMM_PROPERTIES_INITIALIZER;
+    bad.magic = 0;
+    EXPECT_RC(ncclCommQueryProperties(comm, &bad), ncclInvalidArgument);
+    static const ncclCommProperties_t ro = NCCL_COMM_PROPERTIES_INITIALIZER; /* read-only memory */
+    EXPECT_RC(ncclCommQueryProperties(comm, (ncclCommProperties_t*)&ro), ncclInvalidArgument);
+    /* the device API: a clear ncclInvalidUsage whatever the pointers */
+    ncclDevCommRequirements_t reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+    EXPECT_RC(ncclDevCommCreate(comm, &reqs, (ncclDevComm_t*)junkp), ncclInvalidUsage);
+    EXPECT(strstr(ncclGetLastError(NULL), "ncclDevCommCreate") && strstr(ncclGetLastError(NULL), "deviceApiSupport"),
+           "message: %s", ncclGetLastError(NULL));
+    EXPECT_RC(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclDevCommCreate((ncclComm_t)junkp, NULL, NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclDevCommDestroy(comm, (ncclDevComm_t*)junkp), ncclInvalidUsage);
+    void* out = NULL;
+    ncclMultimemHandle_t mm = {junkp};
+    EXPECT_RC(ncclGetLsaMultimemDevicePointer((ncclWindow_t)junkp, 0, &out), ncclInvalidUsage);
+    EXPECT_RC(ncclGetPeerDevicePointer(NULL, 0, 1, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclGetLsaDevicePointer((ncclWindow_t)junkp, 8, 0, (void**)junkp), ncclInvalidUsage);
+    EXPECT_RC(ncclGetMultimemDevicePointer((ncclWindow_t)junkp, 8, mm, (void**)junkp), ncclInvalidUsage);
+    EXPECT_RC(ncclGetMultimemDeviceLeInfo((ncclWindow_t)junkp, 0, NULL, NULL), ncclInvalidUsage);
+    ncclTeam_t w = ncclTeamWorld(comm);
+    EXPECT(w.nRanks == 1 && w.rank == 0 && w.stride == 1, "world team %d %d %d", w.nRanks, w.rank, w.stride);
+    EXPECT_RC(ncclGetCftDeviceLeInfo((ncclWindow_t)junkp, 0, 0, w, NULL, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclGetPeerDeviceLeInfo((ncclWindow_t)junkp, 0, 0, NULL, NULL), ncclInvalidUsage);
+    ncclTeam_t l = ncclTeamLsa(comm);
+    EXPECT(l.nRanks == 1 && l.rank == 0, "lsa team %d %d", l.nRanks, l.rank);
+    ncclTeam_t z = ncclTeamWorld((ncclComm_t)junkp);
+    EXPECT(z.nRanks == 0 && strstr(ncclGetLastError(NULL), "not a communicator"), "bad comm team %d", z.nRanks);
+    z = ncclTeamCft(comm, NCCL_CFT_TEAM_FLAT);
+    EXPECT(z.nRanks == 0 && strstr(ncclGetLastError(NULL), "ncclTeamCft"), "cft team %d", z.nRanks);
+    EXPECT(ncclTeamRankToWorld(comm, w, 0) == 0, "rank to world");
+    EXPECT(ncclTeamRankToWorld(comm, w, 5) == -1, "rank 5 of a team of 1");
+    EXPECT(ncclTeamRankToLsa(comm, w, 0) == 0, "rank to lsa");
+    EXPECT(ncclLLA2ACalcSlots(10, 9) == 20 && ncclLLA2ACalcSlots(-1, 9) == -1, "slots");
+    EXPECT_RC(ncclLsaBarrierCreateRequirement(w, 1, (ncclLsaBarrierHandle_t*)junkp, (ncclDevResourceRequirements_t*)junkp), ncclInvalidUsage);
+    EXPECT_RC(ncclGinBarrierCreateRequirement(comm, w, 1, NULL, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclCftBarrierCreateRequirement(w, 1, NULL, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclLLA2ACreateRequirement(1, 1, (ncclLLA2AHandle_t*)junkp, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclGinOutboxCreateRequirement(1, 4, NULL, NULL), ncclInvalidUsage);
+    EXPECT_RC(ncclGinInboxA2ACreateRequirement(w, 1, 4, NULL, NULL), ncclInvalidUsage);
+    ncclResetDebugInitInternal();
+    int v = 0;
+    CHECK(ncclGetVersion(&v));
+    EXPECT(v == NCCL_VERSION_CODE, "version %d", v);
+  }
   /* unimplemented functions say so by name */
   EXPECT_RC(ncclCommRevoke(comm, 0), ncclInvalidUsage);
   EXPECT(strstr(ncclGetLastError(NULL), "ncclCommRevoke") && strstr(ncclGetLastError(NULL), "not implemented"),
@@ -92,8 +198,8 @@ int main(void) {
   cfg.magic = NCCL_API_MAGIC;
   cfg.blocking = 7;
   EXPECT_RC(ncclCommInitRankConfig(&c2, 1, id, 0, &cfg), ncclInvalidArgument);
-  const size_t sizes[] = {24, 40, 48, 72, 80, 88, 96};
-  for (int i = 0; i < 7; i++) {
+  const size_t sizes[] = {24, 40, 48, 72, 80, 88, 96, 120};
+  for (int i = 0; i < 8; i++) {
     ncclConfig_t k = NCCL_CONFIG_INITIALIZER;
     k.size = sizes[i];
     ncclUniqueId id2;
