@@ -135,7 +135,7 @@ def _check(code, call, allow_in_progress=False):
 
 
 def version():
-    """ncclGetVersion (an NCCL version code, e.g. 23007)."""
+    """ncclGetVersion (an NCCL version code, e.g. 23203 for 2.32.3)."""
     v = ctypes.c_int()
     _check(lib().ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
     return v.value
