@@ -35,7 +35,9 @@ impl std::fmt::Debug for UniqueId {
     }
 }
 
-static SERVERS: Mutex<Vec<([u8; 8], Arc<StoreServer>)>> = Mutex::new(Vec::new());
+/// Store servers of ids this process made, not yet owned by a communicator (job, fork
+/// generation, server).
+static SERVERS: Mutex<Vec<([u8; 8], u64, Arc<StoreServer>)>> = Mutex::new(Vec::new());
 
 impl UniqueId {
     /// Create an id: start an authenticated bootstrap store in this process on the interface
@@ -59,7 +61,7 @@ impl UniqueId {
         let server = StoreServer::start(listener, Some(secret))?;
         let id = UniqueId::encode(server.addr(), &secret, &job);
         tracing::info!("oxccl: bootstrap store listening on {}", server.addr());
-        SERVERS.lock().unwrap().push((job, Arc::new(server)));
+        SERVERS.lock().unwrap().push((job, crate::fork_generation(), Arc::new(server)));
         Ok(id)
     }
 
@@ -195,7 +197,10 @@ pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
     // the first communicator of this process built on the id owns its store from now on
     let server = {
         let mut g = SERVERS.lock().unwrap();
-        g.iter().position(|(j, _)| *j == job).map(|i| g.remove(i).1)
+        // servers inherited through fork run in the parent: this process is their client
+        let now = crate::fork_generation();
+        g.retain(|(_, gen, _)| *gen == now);
+        g.iter().position(|(j, _, _)| *j == job).map(|i| g.remove(i).2)
     };
     let store = TcpStore::connect(addr, Some(id.secret()), cfg.timeout)?;
     Ok(Rendezvous {

@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     recorder: Mutex<std::collections::VecDeque<Record>>,
     /// When the communicator was created (times in the record are relative to it).
     born: Instant,
+    /// The fork generation that made it (a `fork` child must not close its connections, which
+    /// it shares with the parent).
+    generation: u64,
     born_unix_ms: u128,
     /// Busy-poll and yield times in force (see [`Config::spin`]).
     spin: std::time::Duration,
@@ -136,6 +139,17 @@ impl DriveComm for Shared {
 /// two threads at once (that is reported as [`crate::ErrorKind::InvalidUsage`]).
 pub struct Communicator {
     pub(crate) sh: Arc<Shared>,
+}
+
+impl Drop for Communicator {
+    /// In a `fork` child, a communicator inherited from the parent is left untouched: its
+    /// sockets and shared memory are the parent's too, and closing them would send the parent's
+    /// peers close or abort messages. (Its memory stays allocated in the child.)
+    fn drop(&mut self) {
+        if self.sh.generation != crate::fork_generation() {
+            std::mem::forget(self.sh.clone());
+        }
+    }
 }
 
 /// A handle that aborts a communicator from any thread.
@@ -324,6 +338,7 @@ impl Communicator {
             sh: Arc::new(Shared {
                 recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),
                 born: Instant::now(),
+                generation: crate::fork_generation(),
                 born_unix_ms: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis())

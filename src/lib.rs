@@ -70,6 +70,7 @@ pub mod select;
 pub mod sim;
 pub mod types;
 
+pub use oxccl_transport::fork::generation as fork_generation;
 pub use oxccl_transport::{Error, ErrorKind, Result};
 pub use types::{DataType, Element, ReduceOp, F8E4M3, F8E5M2};
 pub mod bootstrap;

@@ -10,7 +10,7 @@ use crate::exec::{block, hang_report, DriveComm, OpMem, OpRun};
 use crate::{Error, Result};
 use oxccl_transport::wait::{wait_any, Doorbell, WaitSource};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub(crate) struct Job {
@@ -25,20 +25,26 @@ struct Queue {
     bell: Doorbell,
 }
 
-static QUEUE: OnceLock<&'static Queue> = OnceLock::new();
+/// The queue and the fork generation whose progress thread serves it. A `fork` child (where
+/// that thread does not exist) starts its own; the inherited queue is left as it is (its lock
+/// may have been held by a thread that is gone).
+static QUEUE: Mutex<Option<(u64, &'static Queue)>> = Mutex::new(None);
 
 fn queue() -> Result<&'static Queue> {
-    if let Some(q) = QUEUE.get() {
-        return Ok(q);
+    let now = crate::fork_generation();
+    let mut g = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((gen, q)) = *g {
+        if gen == now {
+            return Ok(q);
+        }
     }
     let q: &'static Queue = Box::leak(Box::new(Queue { jobs: Mutex::new(Vec::new()), bell: Doorbell::new()? }));
-    if QUEUE.set(q).is_ok() {
-        std::thread::Builder::new()
-            .name("oxccl-progress".into())
-            .spawn(move || main_loop(q))
-            .map_err(|e| Error::system("spawning the progress thread", &e))?;
-    }
-    Ok(QUEUE.get().unwrap())
+    std::thread::Builder::new()
+        .name("oxccl-progress".into())
+        .spawn(move || main_loop(q))
+        .map_err(|e| Error::system("spawning the progress thread", &e))?;
+    *g = Some((now, q));
+    Ok(q)
 }
 
 /// Hand an operation (already connected) to the progress thread.

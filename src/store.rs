@@ -350,6 +350,8 @@ pub struct StoreServer {
     state: Arc<ServerState>,
     addr: SocketAddr,
     accept: Option<std::thread::JoinHandle<()>>,
+    /// The fork generation that started it: in a `fork` child its threads do not exist.
+    generation: u64,
 }
 
 impl StoreServer {
@@ -383,7 +385,7 @@ impl StoreServer {
                 }
             })
             .map_err(|e| Error::system("spawning the store thread", &e))?;
-        Ok(StoreServer { state, addr, accept: Some(accept) })
+        Ok(StoreServer { state, addr, accept: Some(accept), generation: oxccl_transport::fork::generation() })
     }
 
     /// The address it serves on.
@@ -399,6 +401,13 @@ impl StoreServer {
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
+        if self.generation != oxccl_transport::fork::generation() {
+            // inherited through fork: its threads live in the parent only, and its sockets are
+            // shared with the parent's, so nothing is shut down or joined; the child's copies of
+            // the descriptors are closed with the state
+            std::mem::forget(self.accept.take());
+            return;
+        }
         self.state.stop.store(true, Ordering::SeqCst);
         self.state.cv.notify_all();
         for c in self.state.clients.lock().unwrap().drain(..) {

@@ -210,6 +210,8 @@ struct Inner {
 pub struct DeviceComm {
     inner: Arc<Inner>,
     worker: Option<std::thread::JoinHandle<()>>,
+    /// The fork generation that started the worker (in a `fork` child it does not exist).
+    generation: u64,
 }
 
 /// How the last operations ran (for tests and `gpu-check.sh`).
@@ -254,7 +256,7 @@ impl DeviceComm {
             .name(format!("oxccl-cuda-{}", inner.host.comm().rank()))
             .spawn(move || worker_main(w))
             .map_err(|e| Error::system("spawning the device worker thread", &e))?;
-        Ok(DeviceComm { inner, worker: Some(worker) })
+        Ok(DeviceComm { inner, worker: Some(worker), generation: oxccl::fork_generation() })
     }
 
     /// The host communicator.
@@ -428,6 +430,11 @@ impl DeviceComm {
 
 impl Drop for DeviceComm {
     fn drop(&mut self) {
+        if self.generation != oxccl::fork_generation() {
+            // inherited through fork: the worker thread exists in the parent only
+            std::mem::forget(self.worker.take());
+            return;
+        }
         self.inner.queue.lock().unwrap().shutdown = true;
         self.inner.work.notify_all();
         if let Some(w) = self.worker.take() {

@@ -31,8 +31,22 @@ pub(crate) fn check(r: cu::CUresult, what: &str) -> Result<()> {
 /// Probe the driver once: `libcuda` present, `cuInit` succeeds, at least one device. Never
 /// panics; the error is `Unavailable` with the reason.
 pub fn probe() -> Result<()> {
-    static P: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    P.get_or_init(|| {
+    // (fork generation of the probe, its result)
+    static P: OnceLock<(u64, std::result::Result<(), String>)> = OnceLock::new();
+    let (gen, res) = P.get_or_init(|| (oxccl::fork_generation(), probe_once()));
+    if *gen != oxccl::fork_generation() && res.is_ok() {
+        // CUDA's own rule: a child of a process that initialised CUDA cannot use it
+        return Err(Error::new(
+            ErrorKind::Unavailable,
+            "CUDA is unavailable: the CUDA driver was initialised in this process's parent before fork(), \
+             and CUDA cannot be used in a child of such a process (initialise CUDA after fork, or use spawn)",
+        ));
+    }
+    res.clone().map_err(|m| Error::new(ErrorKind::Unavailable, format!("CUDA is unavailable: {m}")))
+}
+
+fn probe_once() -> std::result::Result<(), String> {
+    {
         // SAFETY: only tries to dlopen libcuda's candidate names.
         let present = std::panic::catch_unwind(|| unsafe { cu::is_culib_present() }).unwrap_or(false);
         if !present {
@@ -55,9 +69,7 @@ pub fn probe() -> Result<()> {
             Ok(Err(e)) => Err(e.message),
             Err(_) => Err("the CUDA driver lacks a required symbol (driver too old?)".into()),
         }
-    })
-    .clone()
-    .map_err(|m| Error::new(ErrorKind::Unavailable, format!("CUDA is unavailable: {m}")))
+    }
 }
 
 /// Run driver calls behind a panic boundary (cudarc panics on a missing symbol).

@@ -291,6 +291,8 @@ struct Entry {
     ops: Mutex<Vec<Option<(DataType, Scalar)>>>,
     requests: Mutex<Vec<Request<OpMem<'static>>>>,
     async_error: Mutex<Option<Error>>,
+    /// The fork generation that made it: a `fork` child cannot use its parent's communicators.
+    generation: u64,
 }
 
 impl Entry {
@@ -304,6 +306,7 @@ impl Entry {
             ops: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             async_error: Mutex::new(None),
+            generation: oxccl::fork_generation(),
         })
     }
 
@@ -388,12 +391,30 @@ fn entry(h: ncclComm_t) -> Result<Arc<Entry>, Error> {
     if h.is_null() {
         return Err(arg("comm is NULL"));
     }
-    COMMS
-        .lock()
-        .unwrap()
-        .get(&(h as usize))
-        .cloned()
-        .ok_or_else(|| arg(format!("{h:p} is not a communicator (never created, or already destroyed or aborted)")))
+    let e =
+        COMMS.lock().unwrap().get(&(h as usize)).cloned().ok_or_else(|| {
+            arg(format!("{h:p} is not a communicator (never created, or already destroyed or aborted)"))
+        })?;
+    if e.generation != oxccl::fork_generation() {
+        return Err(Error::invalid_usage(format!(
+            "communicator {h:p} was created in the parent process before fork(): a child cannot use it \
+             (create communicators after fork; destroying it here only releases the child's copy)"
+        )));
+    }
+    Ok(e)
+}
+
+/// Release a communicator this process inherited through `fork` without touching it (its
+/// connections are the parent's too); `true` if `h` was one.
+fn release_inherited(h: ncclComm_t) -> bool {
+    let mut comms = COMMS.lock().unwrap();
+    match comms.get(&(h as usize)) {
+        Some(e) if e.generation != oxccl::fork_generation() => {
+            std::mem::forget(comms.remove(&(h as usize)));
+            true
+        }
+        _ => false,
+    }
 }
 
 fn unregister(h: ncclComm_t) -> Option<Arc<Entry>> {
@@ -1125,6 +1146,9 @@ export! {
     /// `ncclCommDestroy`: releases everything; the handle is invalid afterwards.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         boundary("ncclCommDestroy", || {
+            if release_inherited(comm) {
+                return Ok(ncclSuccess);
+            }
             entry(comm)?;
             if let Some(e) = unregister(comm) {
                 e.wait_requests();
@@ -1136,6 +1160,9 @@ export! {
     /// `ncclCommAbort`: from any thread; operations in flight fail at once, then everything is released.
     fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         boundary("ncclCommAbort", || {
+            if release_inherited(comm) {
+                return Ok(ncclSuccess);
+            }
             let e = entry(comm)?;
             if let Some(c) = e.comm.get() {
                 c.abort();

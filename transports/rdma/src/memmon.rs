@@ -18,7 +18,7 @@ use crate::regcache::{CacheStats, RegCache};
 use oxccl_transport::{Error, ErrorKind, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: u64 = 0xc018_aa3f;
@@ -79,9 +79,23 @@ struct Monitor {
 /// Caches (communicators' networks) a process may have at once.
 const MAX_CACHES: usize = 64;
 
+/// The process's monitor, started on first use. A `fork` child (where the monitor thread does
+/// not exist, and the parent's registrations do not apply) starts its own; the inherited one is
+/// leaked as it is.
 fn monitor_instance() -> Result<&'static Monitor> {
-    static M: OnceLock<std::result::Result<Monitor, String>> = OnceLock::new();
-    M.get_or_init(start_monitor).as_ref().map_err(|e| Error::new(ErrorKind::Unavailable, e.clone()))
+    type Started = std::result::Result<Monitor, String>;
+    static M: Mutex<Option<(u64, &'static Started)>> = Mutex::new(None);
+    let now = oxccl_transport::fork::generation();
+    let mut g = M.lock().unwrap_or_else(|e| e.into_inner());
+    let m = match *g {
+        Some((gen, m)) if gen == now => m,
+        _ => {
+            let m: &'static Started = Box::leak(Box::new(start_monitor()));
+            *g = Some((now, m));
+            m
+        }
+    };
+    m.as_ref().map_err(|e| Error::new(ErrorKind::Unavailable, e.clone()))
 }
 
 fn start_monitor() -> std::result::Result<Monitor, String> {
