@@ -252,13 +252,9 @@ pub fn from_env(rank: usize, cfg: &Config) -> Result<Rendezvous> {
             )
         }
         None => {
-            let host = env_any(&["MASTER_ADDR"]).ok_or_else(|| Error::invalid_usage("MASTER_ADDR is not set"))?;
-            let port = env_any(&["MASTER_PORT"]).unwrap_or_else(|| "29500".into());
-            (
-                host,
-                port.parse::<u16>()
-                    .map_err(|_| Error::invalid_argument(format!("MASTER_PORT={port:?} is not a port")))?,
-            )
+            let m = crate::launcher::master()?;
+            tracing::info!("oxccl: bootstrap store at {}:{} ({})", m.host, m.port, m.source);
+            (m.host, m.port)
         }
     };
     use std::net::ToSocketAddrs;
@@ -285,7 +281,18 @@ pub fn from_env(rank: usize, cfg: &Config) -> Result<Rendezvous> {
             Err(e) => return Err(Error::system(format!("binding the bootstrap store on {addr}"), &e)),
         }
     }
-    let store: Arc<dyn Store> = Arc::new(TcpStore::connect(addr, None, cfg.timeout)?);
+    let store = TcpStore::connect(addr, None, cfg.timeout)?;
+    if torchrun.is_none() {
+        // a program that holds the port but is no store would leave every rank waiting for the
+        // job secret until the timeout: ask it for a store's ping first
+        store.ping().map_err(|e| {
+            Error::invalid_usage(format!(
+                "{addr} is held by a program that is not an oxccl or c10d store ({}): set MASTER_PORT to a free port",
+                e.message
+            ))
+        })?;
+    }
+    let store: Arc<dyn Store> = Arc::new(store);
     let prefix = format!("oxccl/{job}");
     let key = format!("{prefix}/secret");
     let secret = if rank == 0 {
@@ -340,10 +347,80 @@ pub fn exchange_info(
     let mut v = format!("{nranks}\n").into_bytes();
     v.extend_from_slice(&me.encode());
     store.set(&format!("{prefix}/info/{}", me.rank), &v)?;
+    store.add(&format!("{prefix}/joined"), 1)?;
     let keys: Vec<String> = (0..nranks).map(|r| format!("{prefix}/info/{r}")).collect();
-    let vals = match store.multi_get(&keys, timeout) {
-        Ok(v) => v,
-        Err(e) if e.kind == ErrorKind::Timeout => {
+    let vals = wait_for_peers(store, prefix, me.rank, nranks, &keys, timeout)?;
+    let mut peers = Vec::with_capacity(nranks);
+    for (r, v) in vals.iter().enumerate() {
+        let (their_n, rest) = split_record(v, r)?;
+        if let Some(e) = size_mismatch(r, their_n, me.rank, nranks) {
+            let _ = store.set(&format!("{prefix}/init-failed"), e.to_string().as_bytes());
+            return Err(e);
+        }
+        let p = PeerInfo::decode(rest)?;
+        if p.rank != r {
+            return Err(Error::remote("peer record under the wrong rank").with_peer(r));
+        }
+        peers.push(p);
+    }
+    Ok(peers)
+}
+
+/// A peer record: the rank count its rank was started with, and the encoded `PeerInfo`.
+fn split_record(v: &[u8], r: usize) -> Result<(usize, &[u8])> {
+    let bad = || Error::remote(format!("malformed peer record of rank {r}")).with_peer(r);
+    let nl = v.iter().position(|&b| b == b'\n').ok_or_else(bad)?;
+    let n = std::str::from_utf8(&v[..nl]).ok().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+    Ok((n, &v[nl + 1..]))
+}
+
+fn size_mismatch(r: usize, their_n: usize, me: usize, nranks: usize) -> Option<Error> {
+    (their_n != nranks).then(|| {
+        Error::invalid_usage(format!(
+            "rank {r} was started with {their_n} ranks and rank {me} with {nranks} (WORLD_SIZE, -np or nranks \
+             must be the same on every rank)"
+        ))
+        .with_rank(me)
+        .with_peer(r)
+    })
+}
+
+/// Wait for every rank's record, in slices: between them, a failure another rank published
+/// (`init-failed`) or a rank 0 started with another rank count ends the wait at once, so every
+/// rank gets the cause instead of the timeout or a closed store.
+fn wait_for_peers(
+    store: &dyn Store,
+    prefix: &str,
+    me: usize,
+    nranks: usize,
+    keys: &[String],
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>> {
+    let deadline = std::time::Instant::now() + timeout;
+    let failed = [format!("{prefix}/init-failed")];
+    let mut checked_rank0 = me == 0;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let slice = left.min(Duration::from_secs(1));
+        if store.wait_all(keys, slice).map_err(|e| store_lost(e, me))? {
+            return store.multi_get(keys, timeout).map_err(|e| store_lost(e, me));
+        }
+        if store.check(&failed).unwrap_or(false) {
+            let why = store.get(&failed[0], Duration::from_secs(1)).unwrap_or_default();
+            let _ = store.add(&format!("{prefix}/init-failed-seen"), 1);
+            return Err(Error::invalid_usage(format!("init failed on another rank: {}", String::from_utf8_lossy(&why)))
+                .with_rank(me));
+        }
+        if !checked_rank0 && store.check(&keys[..1]).unwrap_or(false) {
+            checked_rank0 = true;
+            let v = store.get(&keys[0], Duration::from_secs(1)).map_err(|e| store_lost(e, me))?;
+            if let Some(e) = size_mismatch(0, split_record(&v, 0)?.0, me, nranks) {
+                // the others learn the cause from the store instead of a closed connection
+                let _ = store.set(&failed[0], e.to_string().as_bytes());
+                return Err(e);
+            }
+        }
+        if left.is_zero() {
             let missing: Vec<usize> =
                 (0..nranks).filter(|r| !store.check(std::slice::from_ref(&keys[*r])).unwrap_or(false)).collect();
             return Err(Error::timeout(format!(
@@ -351,32 +428,36 @@ pub fn exchange_info(
                 timeout.as_secs_f64(),
                 nranks - missing.len()
             ))
-            .with_rank(me.rank));
+            .with_rank(me));
         }
-        Err(e) => return Err(e.with_rank(me.rank)),
-    };
-    let mut peers = Vec::with_capacity(nranks);
-    for (r, v) in vals.iter().enumerate() {
-        let nl = v.iter().position(|&b| b == b'\n').ok_or_else(|| Error::remote("malformed peer record"))?;
-        let their_n: usize = std::str::from_utf8(&v[..nl])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| Error::remote("malformed peer record"))?;
-        if their_n != nranks {
-            return Err(Error::invalid_usage(format!(
-                "rank {r} was started with {their_n} ranks, rank {} with {nranks}",
-                me.rank
-            ))
-            .with_rank(me.rank)
-            .with_peer(r));
-        }
-        let p = PeerInfo::decode(&v[nl + 1..])?;
-        if p.rank != r {
-            return Err(Error::remote("peer record under the wrong rank").with_peer(r));
-        }
-        peers.push(p);
     }
-    Ok(peers)
+}
+
+/// The store failed while this rank waited to join: it is served by rank 0 (or the launcher).
+fn store_lost(e: Error, me: usize) -> Error {
+    if e.kind == ErrorKind::Timeout {
+        return e.with_rank(me);
+    }
+    Error::remote(format!(
+        "init: the bootstrap store stopped answering while this rank waited for the others ({}); the process \
+         serving it (rank 0, or the launcher's store) failed or exited: see its output",
+        e.message
+    ))
+    .with_rank(me)
+}
+
+/// After a failed init, the rank that hosts the store keeps serving it until every rank that
+/// joined has read the failure (or `limit` passed), so none of them sees a closed store.
+pub fn linger_after_failure(store: &dyn Store, prefix: &str, limit: Duration) {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < limit {
+        let joined = store.add(&format!("{prefix}/joined"), 0).unwrap_or(0);
+        let seen = store.add(&format!("{prefix}/init-failed-seen"), 0).unwrap_or(0);
+        if seen >= joined - 1 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

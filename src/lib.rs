@@ -76,6 +76,7 @@ pub use types::{DataType, Element, ReduceOp, F8E4M3, F8E5M2};
 pub mod bootstrap;
 pub mod comm;
 pub mod config;
+pub mod launcher;
 mod progress;
 pub mod store;
 

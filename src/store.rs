@@ -40,6 +40,15 @@ pub trait Store: Send + Sync {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         Ok(self.multi_get(&[key.to_string()], timeout)?.remove(0))
     }
+    /// Wait up to `timeout` for all `keys`: `true` when they all exist, `false` at the timeout
+    /// (for waits in slices, which check other conditions between them).
+    fn wait_all(&self, keys: &[String], timeout: Duration) -> Result<bool> {
+        match self.multi_get(keys, timeout) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == ErrorKind::Timeout => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// An in-process store (threads as ranks).
@@ -130,6 +139,10 @@ impl Store for PrefixStore {
     }
     fn delete(&self, key: &str) -> Result<bool> {
         self.inner.delete(&self.k(key))
+    }
+    fn wait_all(&self, keys: &[String], timeout: Duration) -> Result<bool> {
+        let ks: Vec<String> = keys.iter().map(|k| self.k(k)).collect();
+        self.inner.wait_all(&ks, timeout)
     }
 }
 
@@ -236,6 +249,19 @@ impl TcpStore {
         }
     }
 
+    /// Ask the server for a store's ping (c10d's PING, a nonce echoed): an error within
+    /// [`AUTH_TIMEOUT`] when the program on the port is not a store.
+    pub fn ping(&self) -> Result<()> {
+        let nonce = (std::process::id() ^ 0x5bd1_e995).to_ne_bytes();
+        let mut b = vec![q::PING];
+        b.extend_from_slice(&nonce);
+        let echo = self.call(&b, Some(AUTH_TIMEOUT), |s| read_exact(s, 4))?;
+        if echo != nonce {
+            return Err(Error::remote(format!("the ping of {} was answered with {echo:02x?}", self.addr)));
+        }
+        Ok(())
+    }
+
     fn handshake(&self, mut s: TcpStream) -> Result<TcpStream> {
         let io = |e: std::io::Error| Error::system("bootstrap store handshake", &e);
         s.set_nodelay(true).map_err(io)?;
@@ -297,6 +323,14 @@ impl Store for TcpStore {
         put_key(&mut b, key);
         put_bytes(&mut b, value);
         self.call(&b, None, |_| Ok(()))
+    }
+
+    fn wait_all(&self, keys: &[String], timeout: Duration) -> Result<bool> {
+        match self.call(&Self::keys_req(q::WAIT, keys), Some(timeout), |s| read_exact(s, 1)) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == ErrorKind::Timeout => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn multi_get(&self, keys: &[String], timeout: Duration) -> Result<Vec<Vec<u8>>> {
