@@ -253,6 +253,11 @@ impl Communicator {
         let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout) {
             Ok(p) => p,
             Err(e) => {
+                // a failure the others can read (published under init-failed): the rank hosting
+                // the store waits (bounded) until they have read it, before its process may exit
+                if rdv.server.is_some() && e.kind != crate::ErrorKind::Timeout {
+                    bootstrap::linger_after_failure(&*rdv.store, &rdv.prefix, std::time::Duration::from_secs(3));
+                }
                 // the ranks that did join time out at about the same moment and then ask the
                 // store which ranks are missing: the rank hosting it keeps serving them a moment
                 // (dropping it at once made their messages say "refused" instead)
@@ -1392,6 +1397,18 @@ impl<'a> Group<'a> {
         match res {
             Ok(()) => Ok(()),
             Err(mut e) => {
+                // name the operation the failure stopped (a dead peer is found by the transport,
+                // which knows the peer but not the call)
+                if e.op.is_none() {
+                    let stopped = runs.iter().filter(|r| !r.done());
+                    let involved = |r: &&OpRun<'_>| {
+                        let (rx, tx) = r.sched.peers();
+                        e.peer.is_some_and(|p| rx.contains(&p) || tx.contains(&p))
+                    };
+                    if let Some(r) = stopped.clone().find(involved).or_else(|| stopped.clone().next()) {
+                        e = e.with_op(r.fp.to_string()).with_seq(r.seq);
+                    }
+                }
                 if e.kind == crate::ErrorKind::Timeout {
                     if let Some(r) = runs.iter().find(|r| !r.done() && !matches!(r.fp.coll, Coll::Send | Coll::Recv)) {
                         e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq));

@@ -63,6 +63,8 @@ struct Meta {
 }
 
 fn finish(meta: Meta, run: OpRun<'static>, res: Result<()>) {
+    // name the operation (a dead peer is found by the transport, which knows only the peer)
+    let res = res.map_err(|e| if e.op.is_none() { e.with_op(run.fp.to_string()).with_seq(run.seq) } else { e });
     if let Err(e) = &res {
         meta.sh.set_error(e.clone());
     }

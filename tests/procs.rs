@@ -225,6 +225,8 @@ fn survivors_detect_a_killed_rank_quickly_and_name_it() {
             let line =
                 s.lines().find(|l| l.starts_with("FAILED")).unwrap_or_else(|| panic!("rank {r} did not fail: {s}"));
             assert!(line.contains("rank 2"), "n={n} {env:?}: rank {r} does not name rank 2: {line}");
+            // and the operation it stopped, on the rank that found the death too
+            assert!(line.matches("allreduce(").count() >= 1, "n={n} {env:?}: rank {r} does not name the op: {line}");
             let ms: u64 = line["FAILED after ".len()..].split(' ').next().unwrap().parse().unwrap();
             assert!(ms < 5000, "n={n} {env:?}: rank {r} failed {ms} ms after the kill");
             assert!(

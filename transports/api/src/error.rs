@@ -48,7 +48,7 @@ impl ErrorKind {
 /// (which rank saw it, which peer was involved, which operation and sequence number, and the OS
 /// error behind it).
 #[non_exhaustive]
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Error {
     /// The category.
     pub kind: ErrorKind,
@@ -143,6 +143,18 @@ impl fmt::Display for Error {
     }
 }
 
+/// `Debug` reads like `Display` (what `fn main() -> oxccl::Result<()>` prints), with the OS
+/// error number when one caused it.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)?;
+        if let Some(n) = self.os_error {
+            write!(f, " (os error {n})")?;
+        }
+        Ok(())
+    }
+}
+
 impl std::error::Error for Error {}
 
 #[cfg(test)]
@@ -165,5 +177,11 @@ mod tests {
         let e = Error::system("read", &io);
         assert_eq!(e.kind, ErrorKind::System);
         assert_eq!(e.os_error, Some(libc::ECONNRESET));
+        // Debug reads like Display, with the errno
+        let d = format!("{e:?}");
+        assert!(d.starts_with(&e.to_string()) && d.ends_with(&format!("(os error {})", libc::ECONNRESET)), "{d}");
+        assert!(!d.contains("os_error: None") && !d.contains("Error {"), "{d}");
+        let r = Error::remote("gone").with_rank(1);
+        assert_eq!(format!("{r:?}"), r.to_string());
     }
 }

@@ -87,9 +87,16 @@ pub fn select_from(all: &[Iface], spec: Option<&str>) -> Result<Iface> {
         Some(s) => {
             let spec = IfSpec::parse(s);
             all.iter().find(|i| spec.matches(&i.name)).cloned().ok_or_else(|| {
-                let names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
+                // one name per interface (an interface with IPv4 and IPv6 addresses is listed once)
+                let mut names: Vec<&str> = Vec::new();
+                for i in all {
+                    if !names.contains(&i.name.as_str()) {
+                        names.push(&i.name);
+                    }
+                }
                 Error::invalid_argument(format!(
-                    "no network interface matches NCCL_SOCKET_IFNAME={s:?} (interfaces up: {names:?})"
+                    "no network interface matches NCCL_SOCKET_IFNAME={s:?} (interfaces up: {})",
+                    names.join(", ")
                 ))
             })
         }
@@ -136,6 +143,11 @@ mod tests {
         assert_eq!(pick(Some("ib,eth")).unwrap(), "eth0", "system order wins");
         let e = pick(Some("wlan")).unwrap_err();
         assert!(e.to_string().contains("wlan"));
+        // an interface with IPv4 and IPv6 addresses is named once
+        let mut dual = all.clone();
+        dual.push(Iface { name: "eth0".into(), ip: "fe80::1".parse().unwrap() });
+        let m = select_from(&dual, Some("wlan")).unwrap_err().to_string();
+        assert_eq!(m.matches("eth0").count(), 1, "{m}");
         let only_lo = vec![all[0].clone()];
         assert_eq!(select_from(&only_lo, None).unwrap().name, "lo");
     }
