@@ -35,9 +35,15 @@ impl std::fmt::Debug for UniqueId {
     }
 }
 
-/// Store servers of ids this process made, not yet owned by a communicator (job, fork
-/// generation, server).
-static SERVERS: Mutex<Vec<([u8; 8], u64, Arc<StoreServer>)>> = Mutex::new(Vec::new());
+/// A store server of an id this process made, not yet owned by a communicator.
+struct Unowned {
+    job: [u8; 8],
+    /// The fork generation that started it.
+    generation: u64,
+    server: Arc<StoreServer>,
+}
+
+static SERVERS: Mutex<Vec<Unowned>> = Mutex::new(Vec::new());
 
 impl UniqueId {
     /// Create an id: start an authenticated bootstrap store in this process on the interface
@@ -61,7 +67,8 @@ impl UniqueId {
         let server = StoreServer::start(listener, Some(secret))?;
         let id = UniqueId::encode(server.addr(), &secret, &job);
         tracing::info!("oxccl: bootstrap store listening on {}", server.addr());
-        SERVERS.lock().unwrap().push((job, crate::fork_generation(), Arc::new(server)));
+        let unowned = Unowned { job, generation: crate::fork_generation(), server: Arc::new(server) };
+        SERVERS.lock().unwrap().push(unowned);
         Ok(id)
     }
 
@@ -199,8 +206,8 @@ pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
         let mut g = SERVERS.lock().unwrap();
         // servers inherited through fork run in the parent: this process is their client
         let now = crate::fork_generation();
-        g.retain(|(_, gen, _)| *gen == now);
-        g.iter().position(|(j, _, _)| *j == job).map(|i| g.remove(i).2)
+        g.retain(|u| u.generation == now);
+        g.iter().position(|u| u.job == job).map(|i| g.remove(i).server)
     };
     let store = TcpStore::connect(addr, Some(id.secret()), cfg.timeout)?;
     Ok(Rendezvous {
@@ -408,8 +415,11 @@ fn wait_for_peers(
         if store.check(&failed).unwrap_or(false) {
             let why = store.get(&failed[0], Duration::from_secs(1)).unwrap_or_default();
             let _ = store.add(&format!("{prefix}/init-failed-seen"), 1);
-            return Err(Error::invalid_usage(format!("init failed on another rank: {}", String::from_utf8_lossy(&why)))
-                .with_rank(me));
+            return Err(Error::invalid_usage(format!(
+                "init failed on another rank: {}",
+                String::from_utf8_lossy(&why)
+            ))
+            .with_rank(me));
         }
         if !checked_rank0 && store.check(&keys[..1]).unwrap_or(false) {
             checked_rank0 = true;

@@ -43,8 +43,10 @@ fn detect() -> Option<Launch> {
     }
     if let Some(ntasks) = num("SLURM_NTASKS").or_else(|| num("SLURM_NPROCS")) {
         let nodes = num("SLURM_STEP_NUM_NODES").or_else(|| num("SLURM_NNODES")).or_else(|| num("SLURM_JOB_NUM_NODES"));
-        let job = env_any(&["SLURM_JOB_ID"]).map(|j| format!("{j}.{}", env_any(&["SLURM_STEP_ID"]).unwrap_or_default()));
-        let first = env_any(&["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]).and_then(|l| first_host(&l));
+        let job =
+            env_any(&["SLURM_JOB_ID"]).map(|j| format!("{j}.{}", env_any(&["SLURM_STEP_ID"]).unwrap_or_default()));
+        let first =
+            env_any(&["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]).and_then(|l| first_host(&l));
         let rank0_host = first.or_else(|| env_any(&["SLURM_LAUNCH_NODE_IPADDR"]));
         let _ = ntasks;
         return Some(Launch { who: "Slurm", nodes, job, rank0_host });
@@ -108,7 +110,9 @@ pub fn master() -> Result<Master> {
         (None, None) => 29500,
     };
     match (l.nodes, l.rank0_host) {
-        (Some(1), _) => Ok(Master { host: "127.0.0.1".into(), port, source: format!("{}, every rank on one node", l.who) }),
+        (Some(1), _) => {
+            Ok(Master { host: "127.0.0.1".into(), port, source: format!("{}, every rank on one node", l.who) })
+        }
         (_, Some(h)) => Ok(Master { host: h, port, source: format!("{}, the node of rank 0", l.who) }),
         (nodes, None) => Err(Error::invalid_usage(format!(
             "MASTER_ADDR is not set and the ranks of this {} job span {} nodes, but the launcher does not say which \

@@ -43,10 +43,13 @@ fn kv(pairs: &[(&str, String)]) -> Vec<(String, String)> {
 
 const SMALL: [&str; 6] = ["-b", "8", "-e", "4K", "-c", "1"];
 
+/// A launcher's name and the environment it gives rank r.
+type Style<'a> = (&'static str, Box<dyn Fn(usize) -> Vec<(String, String)> + 'a>);
+
 #[test]
 fn open_mpi_mpich_and_slurm_on_one_node_need_no_master_addr() {
     let j = job();
-    let styles: [(&str, Box<dyn Fn(usize) -> Vec<(String, String)>>); 3] = [
+    let styles: [Style<'_>; 3] = [
         (
             "Open MPI",
             Box::new(|r| {
