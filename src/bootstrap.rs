@@ -248,6 +248,7 @@ pub fn env_rank_size() -> Result<(usize, usize, &'static str)> {
 /// becomes a client of whatever store is there). Rank 0 publishes a fresh job secret in the store;
 /// this mode is only as private as the store itself, like PyTorch's.
 pub fn from_env(rank: usize, cfg: &Config) -> Result<Rendezvous> {
+    crate::config::init_logging();
     let (host, port) = match env_any(&["NCCL_COMM_ID"]) {
         Some(v) => {
             let (h, p) = v

@@ -53,7 +53,9 @@ fn detect() -> Option<Launch> {
     }
     if let Some(size) = num("PMI_SIZE") {
         let local = num("MPI_LOCALNRANKS");
-        let job = env_any(&["PMI_KVSNAME", "PMI_JOBID", "PMI_PORT"]);
+        // Hydra exports no job id; on one node every rank is a child of the same proxy
+        let job = env_any(&["PMI_KVSNAME", "PMI_JOBID"])
+            .or_else(|| Some(format!("hydra-proxy-{}", std::os::unix::process::parent_id())));
         return Some(Launch { who: "MPICH", nodes: local.map(|l| size.div_ceil(l.max(1))), job, rank0_host: None });
     }
     None

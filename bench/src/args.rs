@@ -22,6 +22,23 @@ pub struct Opts {
     pub bound: bool,
     pub algo: Option<String>,
     pub device: bool,
+    /// nccl-tests' `-a`: how ranks' times combine (0 rank 0, 1 mean, 2 min, 3 max).
+    pub average: u8,
+    /// Warnings about accepted flags that change nothing here (printed by rank 0).
+    pub warnings: Vec<String>,
+    /// nccl-tests' `-T`: bound every wait by this many seconds (`OXCCL_TIMEOUT`).
+    pub timeout: Option<u64>,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Run the benchmark.
+    Run(Box<Opts>),
+    /// Print the help (exit 0).
+    Help,
+    /// Print the version (exit 0).
+    Version,
 }
 
 pub const ALL_COLLS: [&str; 9] =
@@ -38,16 +55,83 @@ fn parse_size(s: &str) -> Result<usize, String> {
     num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("bad size {s:?}"))
 }
 
-fn usage() -> String {
-    "usage: oxccl-perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n\
-     \x20                 [-o sum|prod|min|max|avg|premulsum|all] [-d TYPE|all] [-r ROOT|all]\n\
-     \x20                 [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|all]\n\
-     \x20                 [-s SIZE,SIZE,...] [--np N] [--hosts H] [--netns NS1,NS2,...]\n\
-     \x20                 [--algo ring|recdouble|...] [--bound] [--device]"
+/// The short usage line of error messages.
+pub fn usage() -> String {
+    "usage: oxccl-perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1] [--coll ...] \
+     [--np N] ... (oxccl-perf --help for every flag)"
         .into()
 }
 
-pub fn parse(args: &[String]) -> Result<Opts, String> {
+/// `--help`: every flag with its default.
+pub fn help() -> String {
+    const HELP: &str = r#"oxccl-perf {}: oxccl's benchmark, with nccl-tests' flags and table
+
+usage: oxccl-perf [FLAGS]                       2 local ranks (processes) unless a launcher started it
+       mpirun -np N oxccl-perf [FLAGS]          or srun, or torchrun --no-python, or RANK/WORLD_SIZE/MASTER_*
+       oxccl-perf --analyze DIR                 explain the flight records (OXCCL_DUMP_DIR) of a failed job
+
+sizes (K, M, G suffixes):
+  -b, --minbytes N       smallest size                                  default 8
+  -e, --maxbytes N       largest size                                   default 64M
+  -f, --stepfactor N     multiply the size by N each row                default 2
+  -i, --stepbytes N      add N bytes each row instead
+  -s, --sizes A,B,...    exactly these sizes
+what runs:
+  --coll NAME[,NAME]     allreduce allgather reducescatter broadcast reduce alltoall gather scatter
+                         sendrecv, or all                               default allreduce
+  -d, --datatype T       int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 e4m3 e5m2,
+                         or all                                         default float
+  -o, --op OP            sum prod min max avg premulsum, or all         default sum
+  -r, --root R           root of rooted collectives, or all             default 0
+  --algo A               allowed all-reduce algorithms (OXCCL_ALGO syntax: ring, recdouble, rabenseifner,
+                         tree, hierarchical, ^excluded)                 default: the tuner
+  --device               device (GPU) buffers, with memcpy/kernel bandwidth
+timing and checking:
+  -n, --iters N          timed iterations per row                       default 20
+  -w, --warmup_iters N   untimed iterations first                       default 5
+  -c, --check 0|1        check every result bit for bit                 default 1
+  -a, --average 0|1|2|3  time of rank 0, mean, min or max over ranks    default 1 (mean)
+  --bound                add each size's memory-traffic ceiling (from a memcpy measured in the run)
+ranks (local launch):
+  --np N                 N local ranks                                  default 2
+  --hosts H              spread them over H host ids (shared memory inside, TCP between)  default 1
+  --netns NS1,NS2,...    run them in these network namespaces, as separate hosts (root)
+other:
+  -h, --help             this help
+  --version              the version
+
+nccl-tests flags oxccl-perf does not need: -t and -g (threads and GPUs per process) must be 1 (use
+--np for more ranks); -m (aggregated ops) must be 1; -G (CUDA graph launches) must be 0; -p, -z, -C,
+-R and -u are accepted and warned about; -T N bounds every wait by N seconds (OXCCL_TIMEOUT). Table columns: out-of-place then in-place time (us),
+algbw (bytes / time) and busbw (algbw x nccl-tests' factor) in GB/s, #wrong (N/A without -c 1).
+The exit status is non-zero if any result is wrong or any operation fails."#;
+    HELP.replace("{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// An nccl-tests flag that has no effect here: refused when its value would change what is
+/// measured, warned about otherwise.
+fn nccl_tests_flag(flag: &str, v: &str, o: &mut Opts) -> Result<(), String> {
+    let n: i64 = v.trim().parse().map_err(|_| format!("{flag} {v:?} is not a number"))?;
+    let refuse = |why: &str| Err(format!("{flag} {v}: {why}\n{}", usage()));
+    match flag {
+        "-t" | "--nthreads" if n != 1 => {
+            refuse("oxccl-perf runs one rank per process, not threads; use --np for more local ranks")
+        }
+        "-g" | "--ngpus" if n != 1 => {
+            refuse("oxccl-perf drives one GPU per rank; use --np (several ranks may share a GPU)")
+        }
+        "-m" | "--agg_iters" if n != 1 => refuse("aggregated operations per iteration are not supported (use 1)"),
+        "-G" | "--cudagraph" if n != 0 => refuse("CUDA graph launches are not supported (use 0)"),
+        "-t" | "--nthreads" | "-g" | "--ngpus" | "-m" | "--agg_iters" | "-G" | "--cudagraph" => Ok(()),
+        _ => {
+            o.warnings.push(format!("oxccl-perf: warning: {flag} {v} has no effect here"));
+            Ok(())
+        }
+    }
+}
+
+/// Parse the command line.
+pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut o = Opts {
         min: 8,
         max: 64 << 20,
@@ -55,7 +139,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         step: 0,
         iters: 20,
         warmup: 5,
-        check: false,
+        check: true,
         ops: vec!["sum".into()],
         types: vec![DataType::F32],
         roots: None,
@@ -67,6 +151,9 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         bound: false,
         algo: None,
         device: false,
+        average: 1,
+        warnings: vec![],
+        timeout: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -139,10 +226,19 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
             "--np" => o.np = Some(val()?.parse().map_err(|_| "bad --np")?),
             "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
             "--netns" => o.netns = val()?.split(',').map(String::from).filter(|s| !s.is_empty()).collect(),
-            "-g" | "-t" | "-p" | "-a" | "-m" | "-z" | "-G" | "-C" | "-u" => {
-                let _ = val()?; // nccl-tests flags with no meaning here
+            "-a" | "--average" => {
+                o.average = val()?.parse().ok().filter(|a| *a <= 3).ok_or("-a takes 0, 1, 2 or 3")?;
             }
-            "-h" | "--help" => return Err(usage()),
+            "-g" | "--ngpus" | "-t" | "--nthreads" | "-p" | "--parallel_init" | "-m" | "--agg_iters" | "-z"
+            | "--blocking" | "-G" | "--cudagraph" | "-C" | "--report_cputime" | "-u" | "-R" | "--local_register" => {
+                let v = val()?;
+                nccl_tests_flag(flag, &v, &mut o)?;
+            }
+            "-T" | "--timeout" => {
+                o.timeout = Some(val()?.parse().ok().filter(|t| *t > 0).ok_or("-T takes a number of seconds > 0")?);
+            }
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "-V" | "--version" => return Ok(Parsed::Version),
             other => return Err(format!("unknown flag {other:?}\n{}", usage())),
         }
         i += 1;
@@ -150,7 +246,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
     if o.min == 0 || o.max < o.min || (o.factor < 2 && o.step == 0) || o.iters == 0 || o.hosts == 0 {
         return Err(format!("bad size range or factors\n{}", usage()));
     }
-    Ok(o)
+    Ok(Parsed::Run(Box::new(o)))
 }
 
 #[cfg(test)]
@@ -159,7 +255,31 @@ mod tests {
     use crate::sizes;
 
     fn p(s: &str) -> Result<Opts, String> {
-        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+        match parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())? {
+            Parsed::Run(o) => Ok(*o),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[test]
+    fn help_version_and_nccl_tests_flags() {
+        let a = |s: &str| parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>());
+        assert!(matches!(a("-b 8 --help"), Ok(Parsed::Help)));
+        assert!(matches!(a("-h"), Ok(Parsed::Help)));
+        assert!(matches!(a("--version"), Ok(Parsed::Version)));
+        assert!(help().contains("default 64M") && help().contains("-c, --check"));
+        assert!(p("").unwrap().check, "results are checked by default, as in nccl-tests");
+        assert!(!p("-c 0").unwrap().check);
+        let e = p("-t 4").unwrap_err();
+        assert!(e.contains("--np"), "{e}");
+        assert!(p("-g 2").is_err() && p("-m 4").is_err() && p("-G 1").is_err() && p("-t x").is_err());
+        assert!(p("-t 1 -g 1 -m 1 -G 0").unwrap().warnings.is_empty());
+        let w = p("-p 1 -z 1 -C 1").unwrap().warnings;
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("-p 1 has no effect"), "{w:?}");
+        assert_eq!(p("-a 3").unwrap().average, 3);
+        assert!(p("-a 4").is_err());
+        assert_eq!(p("-T 30").unwrap().timeout, Some(30));
     }
 
     #[test]

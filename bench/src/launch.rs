@@ -1,7 +1,58 @@
 //! `oxccl-perf --np N`: start N local ranks (or ranks in network namespaces) and wait for them.
 
 use oxccl::UniqueId;
-use std::process::{Command, ExitCode};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// The ranks' standard error, forwarded a whole line at a time (never two ranks' text in one
+/// line), and a line another rank already printed (the same text but for rank numbers) is held
+/// back: the summary names the ranks that reported it too.
+#[derive(Default)]
+struct Stderr {
+    /// Normalised line -> (the ranks that also printed it).
+    seen: Mutex<BTreeMap<String, (String, Vec<usize>)>>,
+}
+
+impl Stderr {
+    fn normal(line: &str) -> String {
+        // "[rank 3]" and "rank 3 " differ between ranks: compare without the numbers
+        let mut out = String::with_capacity(line.len());
+        let mut rest = line;
+        while let Some(i) = rest.find("rank ") {
+            out.push_str(&rest[..i + 5]);
+            rest = rest[i + 5..].trim_start_matches(|c: char| c.is_ascii_digit());
+            out.push('#');
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn line(&self, rank: usize, line: &str) {
+        let key = Self::normal(line);
+        let mut seen = self.seen.lock().unwrap();
+        match seen.get_mut(&key) {
+            Some((_, also)) => also.push(rank),
+            None => {
+                seen.insert(key, (line.to_string(), Vec::new()));
+                let mut e = std::io::stderr().lock();
+                let _ = writeln!(e, "{line}");
+            }
+        }
+    }
+
+    fn summary(&self) {
+        for (first, also) in self.seen.lock().unwrap().values() {
+            if !also.is_empty() {
+                let mut also = also.clone();
+                also.sort_unstable();
+                let short: String = first.chars().take(60).collect();
+                eprintln!("oxccl-perf: ranks {also:?} reported the same as \"{short}...\"");
+            }
+        }
+    }
+}
 
 /// Launch `np` local ranks of this program and wait for them.
 ///
@@ -34,6 +85,8 @@ pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> Exi
         v
     };
     let mut children = vec![];
+    let stderr = Arc::new(Stderr::default());
+    let mut readers = vec![];
     for r in 0..np {
         let mut cmd = if netns.is_empty() {
             Command::new(&exe)
@@ -51,8 +104,18 @@ pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> Exi
         if hosts > 1 && netns.is_empty() {
             cmd.env("OXCCL_HOSTID", format!("perf-host-{}", r * hosts / np));
         }
+        cmd.stderr(Stdio::piped());
         match cmd.spawn() {
-            Ok(ch) => children.push(ch),
+            Ok(mut ch) => {
+                let err = ch.stderr.take().unwrap();
+                let out = stderr.clone();
+                readers.push(std::thread::spawn(move || {
+                    for l in BufReader::new(err).lines().map_while(Result::ok) {
+                        out.line(r, &l);
+                    }
+                }));
+                children.push(ch)
+            }
             Err(e) => {
                 eprintln!("oxccl-perf: cannot start rank {r}: {e}");
                 for mut c in children {
@@ -62,18 +125,24 @@ pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> Exi
             }
         }
     }
-    let mut ok = true;
+    // exit statuses, grouped: "ranks [0, 1, 2] exited with exit status: 1"
+    let mut exits: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (r, mut ch) in children.into_iter().enumerate() {
         match ch.wait() {
             Ok(s) if s.success() => {}
-            Ok(s) => {
-                eprintln!("oxccl-perf: rank {r} exited with {s}");
-                ok = false;
-            }
-            Err(e) => {
-                eprintln!("oxccl-perf: waiting for rank {r}: {e}");
-                ok = false;
-            }
+            Ok(s) => exits.entry(format!("exited with {s}")).or_default().push(r),
+            Err(e) => exits.entry(format!("could not be waited for: {e}")).or_default().push(r),
+        }
+    }
+    for h in readers {
+        let _ = h.join();
+    }
+    stderr.summary();
+    let ok = exits.is_empty();
+    for (what, ranks) in exits {
+        match ranks.as_slice() {
+            [r] => eprintln!("oxccl-perf: rank {r} {what}"),
+            rs => eprintln!("oxccl-perf: ranks {rs:?} {what}"),
         }
     }
     if ok {

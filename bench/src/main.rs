@@ -22,7 +22,7 @@ use std::process::ExitCode;
 
 mod args;
 mod launch;
-use args::{parse, Opts};
+use args::{parse, Opts, Parsed};
 use launch::launch;
 use std::time::Instant;
 
@@ -300,12 +300,31 @@ fn bench_any(
 }
 
 /// Average of `x` over ranks (nccl-tests averages times across ranks) and the sum of wrongs.
-fn combine_ranks(c: &Communicator, us: f64, wrong: usize) -> oxccl::Result<(f64, usize)> {
+/// The row's time from every rank's (nccl-tests' `-a`: 0 rank 0's, 1 the mean, 2 the
+/// minimum, 3 the maximum) and the total of wrong elements.
+fn combine_ranks(c: &Communicator, us: f64, wrong: usize, average: u8) -> oxccl::Result<(f64, usize)> {
     let mut t = [us];
-    c.all_reduce_inplace(&mut t, ReduceOp::Sum)?;
+    let us = match average {
+        0 => {
+            c.broadcast(&mut t, 0)?;
+            t[0]
+        }
+        2 => {
+            c.all_reduce_inplace(&mut t, ReduceOp::Min)?;
+            t[0]
+        }
+        3 => {
+            c.all_reduce_inplace(&mut t, ReduceOp::Max)?;
+            t[0]
+        }
+        _ => {
+            c.all_reduce_inplace(&mut t, ReduceOp::Sum)?;
+            t[0] / c.size() as f64
+        }
+    };
     let mut w = [wrong as u64];
     c.all_reduce_inplace(&mut w, ReduceOp::Sum)?;
-    Ok((t[0] / c.size() as f64, w[0] as usize))
+    Ok((us, w[0] as usize))
 }
 
 /// Memcpy bandwidth (bytes read + written per second) at `bytes`, measured by every rank at
@@ -438,7 +457,7 @@ fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<u
                         for inplace in [false, true] {
                             match bench_any(c, o, dev, name, dt, op, count, root, inplace)? {
                                 Some(res) => {
-                                    let (us, wrong) = combine_ranks(c, res.us, res.wrong)?;
+                                    let (us, wrong) = combine_ranks(c, res.us, res.wrong, o.average)?;
                                     let algbw = total as f64 / us / 1e3;
                                     let busbw = algbw * bus_factor(name, n);
                                     total_wrong += wrong;
@@ -606,19 +625,36 @@ fn main() -> ExitCode {
         };
     }
     let o = match parse(&args) {
-        Ok(o) => o,
+        Ok(Parsed::Run(o)) => *o,
+        Ok(Parsed::Help) => {
+            println!("{}", args::help());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Version) => {
+            println!("oxccl-perf {} (nccl-tests' flags and table)", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("oxccl-perf: {e}");
             return ExitCode::from(2);
         }
     };
     let under_launcher = std::env::var("OXCCL_PERF_ID").is_ok();
     let env_launch = oxccl::bootstrap::env_rank_size().is_ok();
+    if let Some(t) = o.timeout {
+        std::env::set_var("OXCCL_TIMEOUT", t.to_string());
+    }
+    let warn = || {
+        for w in &o.warnings {
+            eprintln!("{w}");
+        }
+    };
     if !under_launcher && (o.np.is_some() || !env_launch) {
         // local launch; everything stays on loopback unless told otherwise
         if std::env::var("NCCL_SOCKET_IFNAME").is_err() && std::env::var("OXCCL_SOCKET_IFNAME").is_err() {
             std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
         }
+        warn();
         return launch(o.np.unwrap_or(2), o.hosts, &o.netns, &args);
     }
     if let Some(a) = &o.algo {
@@ -644,6 +680,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !under_launcher && comm.rank() == 0 {
+        warn();
+    }
     let mut t = [init_ms];
     if comm.all_reduce_inplace(&mut t, ReduceOp::Max).is_ok() && comm.rank() == 0 {
         println!("# Init time            : {:.1} ms (slowest of {} ranks)", t[0], comm.size());
