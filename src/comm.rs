@@ -240,6 +240,7 @@ impl Communicator {
 
     fn join(rdv: Rendezvous, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
         crate::config::init_logging();
+        let _scope = crate::log::RankScope::new(rank);
         let t0 = Instant::now();
         let ip = bootstrap::choose_ip(cfg.socket_ifname.as_deref(), rdv.root_ip).map_err(|e| e.with_rank(rank))?;
         let me = PeerInfo {
@@ -272,12 +273,7 @@ impl Communicator {
             }
         };
         let c = Self::assemble(rdv.store, rdv.prefix, rdv.secret, rdv.server, rank, peers, cfg)?;
-        tracing::info!(
-            "{}:{} [{rank}] oxccl: communicator of {nranks} ranks ready in {:.1} ms",
-            me.hostname,
-            me.pid,
-            t0.elapsed().as_secs_f64() * 1e3
-        );
+        tracing::info!(rank, "communicator of {nranks} ranks ready in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
         Ok(c)
     }
 
@@ -1005,11 +1001,7 @@ impl<'s> Setup<'s> {
             st.conns.send[q] = Some(c);
             drop(st);
             sh.store.set(&self.key("ack", me, q), b"1")?;
-            tracing::info!(
-                "{}:{} [{me}] NCCL INFO Channel 00 : {me}[{me}] -> {q}[{q}] via {name}",
-                sh.peers[me].hostname,
-                sh.peers[me].pid
-            );
+            tracing::info!(rank = me, "Channel 00 : {me}[{me}] -> {q}[{q}] via {name}");
         }
         Ok(())
     }
@@ -1275,7 +1267,7 @@ impl Shared {
             } else {
                 String::new()
             };
-            tracing::info!("[{}] oxccl: {} of {bytes} bytes uses {}{why}", self.rank, coll.name(), algo.name());
+            tracing::info!(target: "TUNING", rank = self.rank, "{} of {bytes} bytes uses {}{why}", coll.name(), algo.name());
         }
         *last = Some((coll, bytes, sel, algo));
         Ok(algo)
@@ -1379,6 +1371,7 @@ impl<'a> Group<'a> {
             return Ok(());
         }
         let comms = self.comms();
+        let _scope = crate::log::RankScope::new(comms[0].sh.rank);
         let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Vec<_>>>()?;
         for c in &comms {
             c.sh.wait_async_idle();

@@ -138,29 +138,10 @@ impl Config {
     }
 }
 
-/// Start logging once, if `OXCCL_DEBUG` or `NCCL_DEBUG` asks for it (`INFO`, `WARN`, `TRACE`,
-/// `DEBUG`; `VERSION` counts as `INFO`). `RUST_LOG` style filters are accepted too.
+/// Start logging once, as `NCCL_DEBUG`, `NCCL_DEBUG_SUBSYS` and `NCCL_DEBUG_FILE` ask (see
+/// [`crate::log`]).
 pub fn init_logging() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let level = env_any(&["OXCCL_DEBUG", "NCCL_DEBUG"]).map(|v| match v.to_ascii_uppercase().as_str() {
-            "INFO" | "VERSION" => "info".to_string(),
-            "WARN" => "warn".to_string(),
-            "TRACE" => "trace".to_string(),
-            "DEBUG" => "debug".to_string(),
-            _ => v.to_lowercase(),
-        });
-        let Some(level) = level else { return };
-        let filter = tracing_subscriber::EnvFilter::try_new(&level)
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .without_time()
-            .try_init();
-    });
+    crate::log::init();
 }
 
 /// The algorithms the tuner chooses among (the ordered schedules are only for deterministic mode).

@@ -77,6 +77,7 @@ pub mod bootstrap;
 pub mod comm;
 pub mod config;
 pub mod launcher;
+pub mod log;
 mod progress;
 pub mod store;
 

@@ -71,3 +71,45 @@ fn an_error_every_rank_hits_is_printed_once() {
     // every line is one rank's: no two messages run together
     assert!(!e.contains("oxccl-perf: oxccl-perf"), "{e}");
 }
+
+/// `NCCL_DEBUG=INFO` lines are NCCL's: `host:pid:tid [rank] NCCL INFO ...`, filtered by
+/// `NCCL_DEBUG_SUBSYS`, and written to per-process files by `NCCL_DEBUG_FILE` (`%h`, `%p`).
+#[test]
+fn logs_follow_nccl_conventions() {
+    let run = |env: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"));
+        c.args(["-b", "8", "-e", "8", "-n", "1", "-w", "0"]).env("OXCCL_SOCKET_IFNAME", "lo");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let o = run(&[("NCCL_DEBUG", "INFO")]);
+    assert!(o.status.success());
+    let e = err(&o);
+    let lines: Vec<&str> = e.lines().collect();
+    assert!(lines.iter().any(|l| l.contains("NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM")), "{e}");
+    for l in &lines {
+        // host:pid:tid [rank] NCCL LEVEL
+        let (prefix, rest) = l.split_once(' ').unwrap_or_else(|| panic!("no prefix: {l}"));
+        let parts: Vec<&str> = prefix.split(':').collect();
+        assert!(parts.len() == 3 && parts[1].parse::<u32>().is_ok() && parts[2].parse::<u32>().is_ok(), "{l}");
+        assert!(rest.starts_with('[') && (rest.contains("] NCCL INFO ") || rest.contains("] NCCL WARN ")), "{l}");
+    }
+    assert!(lines.iter().any(|l| l.contains(" [0] NCCL INFO")) && lines.iter().any(|l| l.contains(" [1] NCCL INFO")));
+    // TUNING is not in NCCL's default subsystems; asked for, it is the only one shown
+    assert!(!e.contains("bytes uses"), "{e}");
+    let t = err(&run(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "TUNING")]));
+    assert!(t.contains("allreduce of 8 bytes uses") && !t.contains("Channel 00"), "{t}");
+    // one file per process
+    let dir = std::env::temp_dir().join(format!("oxccl-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pattern = format!("{}/nccl.%h.%p.log", dir.display());
+    let o = run(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_FILE", &pattern)]);
+    assert!(o.status.success() && !err(&o).contains("NCCL INFO"), "{}", err(&o));
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|f| f.unwrap().path()).collect();
+    assert_eq!(files.len(), 3, "the launcher and 2 ranks: {files:?}");
+    let ranks = files.iter().filter(|f| std::fs::read_to_string(f).unwrap().contains("via SHM")).count();
+    assert_eq!(ranks, 2, "{files:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

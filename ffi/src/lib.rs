@@ -224,7 +224,7 @@ fn boundary(name: &str, f: impl FnOnce() -> R) -> ncclResult_t {
         Ok(Err(e)) => {
             if e.kind != ErrorKind::InProgress {
                 set_last_error(&format!("{name}: {e}"));
-                oxccl_log(&format!("{name}: {e}"));
+                oxccl_log(&format!("{name}: {e}"), e.rank);
             }
             result_of(&e)
         }
@@ -240,10 +240,12 @@ fn boundary(name: &str, f: impl FnOnce() -> R) -> ncclResult_t {
     }
 }
 
-fn oxccl_log(msg: &str) {
-    let lvl = std::env::var("NCCL_DEBUG").or_else(|_| std::env::var("OXCCL_DEBUG")).unwrap_or_default();
-    if matches!(lvl.to_ascii_uppercase().as_str(), "WARN" | "INFO" | "TRACE") {
-        eprintln!("{} oxccl WARN {msg}", oxccl::bootstrap::hostname());
+/// A refused call, as a `NCCL WARN` line of oxccl's logger (`NCCL_DEBUG=WARN` or more).
+fn oxccl_log(msg: &str, rank: Option<usize>) {
+    oxccl::config::init_logging();
+    match rank {
+        Some(r) => tracing::warn!(target: "CALL", rank = r, "{msg}"),
+        None => tracing::warn!(target: "CALL", "{msg}"),
     }
 }
 

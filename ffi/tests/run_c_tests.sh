@@ -49,8 +49,9 @@ TESTS=(colls groups badargs collconfig fork)
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 SUFFIX="" ; for t in "${TESTS[@]}"; do build $t; done
 echo "== C tests"; run_all
-# the per-call algorithm selection changes the algorithm used, as NCCL_DEBUG=INFO shows
-NCCL_DEBUG=INFO "$OUT/collconfig" 2 2>"$OUT/collconfig.log" >/dev/null || { cat "$OUT/collconfig.log"; exit 1; }
+# the per-call algorithm selection changes the algorithm used, as NCCL_DEBUG=INFO shows (the
+# TUNING subsystem, as in NCCL)
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING "$OUT/collconfig" 2 2>"$OUT/collconfig.log" >/dev/null || { cat "$OUT/collconfig.log"; exit 1; }
 auto=$(grep -m1 -o 'allreduce of 16384 bytes uses [a-z]*$' "$OUT/collconfig.log" | awk '{print $NF}')
 grep -q 'allreduce of 16384 bytes uses tree (algSelection tree)' "$OUT/collconfig.log" \
   && grep -q 'allreduce of 16384 bytes uses ring (algSelection ring)' "$OUT/collconfig.log" \

@@ -32,12 +32,13 @@
 //! Optional capabilities (one-sided put into registered memory, device memory) are reported in
 //! [`Caps`]; transports that lack them return [`ErrorKind::Unavailable`] from the optional calls.
 //!
-//! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write) and [`fork`]
-//! (pthread_atfork), each with a
+//! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write), [`fork`]
+//! (pthread_atfork) and [`thread`] (gettid), each with a
 //! `// SAFETY:` comment.
 
 mod error;
 pub mod fork;
+pub mod thread;
 pub mod wait;
 
 pub use error::{Error, ErrorKind, Result};
