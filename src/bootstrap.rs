@@ -347,6 +347,7 @@ pub fn exchange_info(
     me: &PeerInfo,
     nranks: usize,
     timeout: Duration,
+    report: Option<Duration>,
 ) -> Result<Vec<PeerInfo>> {
     let claimed = store.add(&format!("{prefix}/claim/{}", me.rank), 1)?;
     if claimed != 1 {
@@ -357,7 +358,7 @@ pub fn exchange_info(
     store.set(&format!("{prefix}/info/{}", me.rank), &v)?;
     store.add(&format!("{prefix}/joined"), 1)?;
     let keys: Vec<String> = (0..nranks).map(|r| format!("{prefix}/info/{r}")).collect();
-    let vals = wait_for_peers(store, prefix, me.rank, nranks, &keys, timeout)?;
+    let vals = wait_for_peers(store, prefix, me.rank, nranks, &keys, timeout, report)?;
     let mut peers = Vec::with_capacity(nranks);
     for (r, v) in vals.iter().enumerate() {
         let (their_n, rest) = split_record(v, r)?;
@@ -403,11 +404,31 @@ fn wait_for_peers(
     nranks: usize,
     keys: &[String],
     timeout: Duration,
+    report: Option<Duration>,
 ) -> Result<Vec<Vec<u8>>> {
-    let deadline = std::time::Instant::now() + timeout;
+    let started = std::time::Instant::now();
+    let deadline = started + timeout;
     let failed = [format!("{prefix}/init-failed")];
     let mut checked_rank0 = me == 0;
+    let mut next_report = report.map(|r| started + r);
+    let missing = || -> Vec<usize> {
+        (0..nranks).filter(|r| !store.check(std::slice::from_ref(&keys[*r])).unwrap_or(false)).collect()
+    };
     loop {
+        let now = std::time::Instant::now();
+        if next_report.is_some_and(|t| now >= t) {
+            let m = missing();
+            crate::log::notice(
+                Some(me),
+                &format!(
+                    "init: rank {me} waiting for ranks {m:?} to join ({} of {nranks} joined), {:.0} of {:.0} s",
+                    nranks - m.len(),
+                    (now - started).as_secs_f64(),
+                    timeout.as_secs_f64()
+                ),
+            );
+            next_report = report.map(|r| now + r);
+        }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let slice = left.min(Duration::from_secs(1));
         if store.wait_all(keys, slice).map_err(|e| store_lost(e, me))? {
@@ -432,8 +453,7 @@ fn wait_for_peers(
             }
         }
         if left.is_zero() {
-            let missing: Vec<usize> =
-                (0..nranks).filter(|r| !store.check(std::slice::from_ref(&keys[*r])).unwrap_or(false)).collect();
+            let missing = missing();
             return Err(Error::timeout(format!(
                 "init: ranks {missing:?} did not join within {:.1} s ({} of {nranks} joined)",
                 timeout.as_secs_f64(),

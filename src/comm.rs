@@ -251,7 +251,8 @@ impl Communicator {
             hostname: bootstrap::hostname(),
             ip,
         };
-        let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout) {
+        let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout, cfg.wait_report)
+        {
             Ok(p) => p,
             Err(e) => {
                 // a failure the others can read (published under init-failed): the rank hosting
@@ -884,7 +885,23 @@ impl Shared {
     /// without the key also compares with what the peer published: the same sequence number with
     /// another call, or a peer already past it, is a mismatch, reported at once.
     fn wait_key(&self, key: &str, deadline: Instant, peer: usize, doing: Option<&(u64, String)>) -> Result<Vec<u8>> {
+        let started = Instant::now();
+        let mut next_report = self.cfg.wait_report.map(|r| started + r);
         loop {
+            let now = Instant::now();
+            if next_report.is_some_and(|t| now >= t) {
+                let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
+                crate::log::notice(
+                    Some(self.rank),
+                    &format!(
+                        "connection setup: rank {} waiting for rank {peer} to connect for {what}, {:.0} of {:.0} s",
+                        self.rank,
+                        (now - started).as_secs_f64(),
+                        self.cfg.timeout.as_secs_f64()
+                    ),
+                );
+                next_report = self.cfg.wait_report.map(|r| now + r);
+            }
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(Error::invalid_usage("communicator was aborted").with_rank(self.rank));
             }
@@ -1278,6 +1295,11 @@ impl Shared {
         self.state.lock().unwrap().error.clone()
     }
 
+    /// How often a long wait says what it waits for (`OXCCL_WAIT_REPORT`).
+    pub(crate) fn wait_report(&self) -> Option<std::time::Duration> {
+        self.cfg.wait_report
+    }
+
     /// Busy-poll and yield times in force.
     pub(crate) fn waits(&self) -> (std::time::Duration, std::time::Duration) {
         (self.spin, self.yield_for)
@@ -1382,7 +1404,8 @@ impl<'a> Group<'a> {
         let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
-        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline });
+        let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
+        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report });
         let end = Instant::now();
         for r in &runs {
             shareds[r.comm].record_end(r.seq, r.fp, r.done(), end);

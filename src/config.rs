@@ -57,6 +57,9 @@ pub struct Config {
     pub deterministic: bool,
     /// Where to write the flight record of each rank on its first error (`OXCCL_DUMP_DIR`).
     pub dump_dir: Option<std::path::PathBuf>,
+    /// While a wait (init, connection setup, an operation) lasts, say every this often what it
+    /// waits for (`OXCCL_WAIT_REPORT` seconds, default 30; 0 turns it off).
+    pub wait_report: Option<Duration>,
     /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
     /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
     pub tuner: Tuner,
@@ -117,6 +120,11 @@ impl Default for Config {
             proto: env_any(&["NCCL_PROTO"]),
             deterministic: env_any(&["OXCCL_DETERMINISTIC"]).is_some_and(|v| v != "0"),
             dump_dir: env_any(&["OXCCL_DUMP_DIR"]).map(std::path::PathBuf::from),
+            wait_report: match env_num(&["OXCCL_WAIT_REPORT"]) {
+                Some(s) if s <= 0.0 => None,
+                Some(s) => Some(Duration::from_secs_f64(s)),
+                None => Some(Duration::from_secs(30)),
+            },
             // measured on the 2-core development machines (bench/RESULTS.md): wake-up-free
             // message latency and achieved bandwidth of one ring step
             tuner: Tuner {

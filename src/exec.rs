@@ -607,6 +607,8 @@ pub struct Policy {
     pub yield_for: Duration,
     /// Give up at this instant.
     pub deadline: Instant,
+    /// Say what the wait waits for every this often ([`crate::Config::wait_report`]).
+    pub report: Option<Duration>,
 }
 
 thread_local! {
@@ -644,6 +646,8 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
     let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
     let mut idle_passes = 0u32;
     let mut idle_since: Option<Instant> = None;
+    let started = Instant::now();
+    let mut next_report = policy.report.map(|r| started + r);
     loop {
         let mut progressed = false;
         let mut all_done = true;
@@ -713,6 +717,10 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         if now - since < policy.spin + policy.yield_for {
             std::thread::yield_now();
             continue;
+        }
+        if next_report.is_some_and(|t| now >= t) {
+            crate::log::notice(None, &wait_note(comms, ops, now - started, policy.deadline - started));
+            next_report = policy.report.map(|r| now + r);
         }
         block(comms, ops, &uses, policy.deadline, &[])?;
     }
@@ -849,6 +857,46 @@ fn disarm<C: DriveComm>(comms: &[&C], armed: &[(usize, Blocked)]) {
                 }
             }
         });
+    }
+}
+
+/// What a long wait waits for, for the periodic report: "rank 0: waiting for ranks [1] in
+/// allreduce #12 (float, 4 MiB), 30 of 600 s".
+pub(crate) fn wait_note<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], waited: Duration, limit: Duration) -> String {
+    let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
+    let mut peers: Vec<usize> = ops
+        .iter()
+        .filter(|o| !o.done())
+        .filter_map(|o| match o.blocked {
+            Some(Blocked::Recv(p) | Blocked::Send(p)) => Some(p),
+            None => None,
+        })
+        .collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let what = match ops.iter().find(|o| !o.done()) {
+        Some(o) => {
+            let bytes = o.fp.count * o.fp.dtype.size();
+            let name =
+                if matches!(o.fp.coll, crate::Coll::Send | crate::Coll::Recv) { "send/recv" } else { o.fp.coll.name() };
+            format!("{name} #{} ({}, {})", o.seq, o.fp.dtype.name(), human_bytes(bytes))
+        }
+        None => "flushing the last sends".into(),
+    };
+    format!(
+        "rank {rank}: waiting for ranks {peers:?} in {what}, {:.0} of {:.0} s (OXCCL_WAIT_REPORT=0 silences this)",
+        waited.as_secs_f64(),
+        limit.as_secs_f64()
+    )
+}
+
+/// `4 MiB`, `512 B`: sizes for messages.
+pub fn human_bytes(b: usize) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
     }
 }
 

@@ -191,6 +191,19 @@ impl<S: Subscriber> Layer<S> for NcclLayer {
     }
 }
 
+/// A line that shows whatever `NCCL_DEBUG` says (a wait report), with the usual prefix, on
+/// stderr in one write.
+pub fn notice(rank: Option<usize>, msg: &str) {
+    let rank = rank.or_else(|| RANK.with(Cell::get)).map_or("-".to_string(), |r| r.to_string());
+    let line = format!(
+        "{}:{}:{} [{rank}] NCCL WARN {msg}\n",
+        crate::bootstrap::hostname(),
+        std::process::id(),
+        oxccl_transport::thread::thread_id()
+    );
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// Start the logger once, as `NCCL_DEBUG`, `NCCL_DEBUG_SUBSYS` and `NCCL_DEBUG_FILE` ask.
 pub fn init() {
     static ONCE: std::sync::Once = std::sync::Once::new();

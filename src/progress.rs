@@ -6,7 +6,7 @@
 //! submission order, and sleeps in `poll(2)` when nothing can move (no CPU when idle).
 
 use crate::comm::Shared;
-use crate::exec::{block, hang_report, DriveComm, OpMem, OpRun};
+use crate::exec::{block, hang_report, wait_note, DriveComm, OpMem, OpRun};
 use crate::{Error, Result};
 use oxccl_transport::wait::{wait_any, Doorbell, WaitSource};
 use std::sync::mpsc::Sender;
@@ -60,6 +60,9 @@ struct Meta {
     sh: Arc<Shared>,
     done: Sender<Result<OpMem<'static>>>,
     deadline: Instant,
+    started: Instant,
+    /// When to say next what the operation waits for ([`crate::Config::wait_report`]).
+    next_report: Option<Instant>,
 }
 
 fn finish(meta: Meta, run: OpRun<'static>, res: Result<()>) {
@@ -81,7 +84,9 @@ fn main_loop(q: &'static Queue) {
     loop {
         for j in q.jobs.lock().unwrap().drain(..) {
             runs.push(j.run);
-            metas.push(Meta { sh: j.sh, done: j.done, deadline: j.deadline });
+            let started = Instant::now();
+            let next_report = j.sh.wait_report().map(|r| started + r);
+            metas.push(Meta { sh: j.sh, done: j.done, deadline: j.deadline, started, next_report });
         }
         if runs.is_empty() {
             let _ = wait_any(&[WaitSource::doorbell(q.bell.read_fd())], Duration::from_secs(3600));
@@ -187,6 +192,13 @@ fn main_loop(q: &'static Queue) {
             continue;
         }
         let refs: Vec<&Shared> = shs.iter().map(|a| &**a).collect();
+        for (i, m) in metas.iter_mut().enumerate() {
+            if m.next_report.is_some_and(|t| now >= t) {
+                let note = wait_note(&refs, std::slice::from_ref(&runs[i]), now - m.started, m.deadline - m.started);
+                crate::log::notice(Some(m.sh.rank()), &note);
+                m.next_report = m.sh.wait_report().map(|r| now + r);
+            }
+        }
         let deadline = metas.iter().map(|m| m.deadline).min().unwrap();
         if let Err(e) = block(&refs, &runs, &uses, deadline, &[WaitSource::doorbell(q.bell.read_fd())]) {
             for m in &metas {

@@ -170,3 +170,58 @@ fn a_port_held_by_another_program_is_named_at_once() {
     assert!(took < Duration::from_secs(15), "took {took:?} (the timeout is 60 s)");
     drop(holder);
 }
+
+/// A long wait says what it waits for while it waits (`OXCCL_WAIT_REPORT` seconds): at init,
+/// the ranks that have not joined; in an operation, the ranks it waits for and the call.
+#[test]
+fn long_waits_say_what_they_wait_for() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let env = |r: usize| {
+        kv(&[
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+            ("OXCCL_WAIT_REPORT", "1".into()),
+            ("OXCCL_TIMEOUT", "5".into()),
+        ])
+    };
+    // rank 1 never starts
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"));
+    c.args(SMALL).env("OXCCL_SOCKET_IFNAME", "lo").envs(env(0));
+    let o = c.output().unwrap();
+    let s = text(&o);
+    assert!(!o.status.success());
+    assert!(s.contains("init: rank 0 waiting for ranks [1] to join (1 of 2 joined), 1 of 5 s"), "{s}");
+    // rank 1 stops in the middle of the run
+    let port2 = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let kids: Vec<_> = (0..2)
+        .map(|r| {
+            let mut e = env(r);
+            e.retain(|(k, _)| k != "MASTER_PORT");
+            e.push(("MASTER_PORT".into(), port2.clone()));
+            Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+                .args(["-b", "8", "-e", "8", "-n", "100000000", "-w", "0", "-c", "0"])
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .envs(e)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let stop = |sig: &str, pid: u32| {
+        let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+    };
+    stop("-STOP", kids[1].id());
+    let mut it = kids.into_iter();
+    let (r0, r1) = (it.next().unwrap(), it.next().unwrap());
+    let out0 = r0.wait_with_output().unwrap(); // fails at its 5 s timeout
+    stop("-KILL", r1.id());
+    let _ = r1.wait_with_output();
+    let s = text(&out0);
+    assert!(!out0.status.success(), "{s}");
+    assert!(s.contains("rank 0: waiting for ranks [1] in allreduce #"), "{s}");
+    assert!(s.contains("(float, 8 B), 1 of 5 s"), "{s}");
+}
