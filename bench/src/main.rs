@@ -377,6 +377,7 @@ fn sizes(o: &Opts) -> Vec<usize> {
 fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<usize> {
     let (n, r) = (c.size(), c.rank());
     let lead = r == 0;
+    let tty = lead && std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut total_wrong = 0;
     let mut bw_sum = 0.0;
     let mut bw_n = 0usize;
@@ -454,6 +455,12 @@ fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<u
                         let count = if per_rank { size / es / n } else { size / es };
                         let total = if per_rank { count * n * es } else { count * es };
                         let mut cols = String::new();
+                        // on a terminal, the row being measured (a row of --coll all -d all can
+                        // take seconds); erased when the row is printed
+                        if tty {
+                            print!("\r# measuring {name} {} {opname} {total} B ...\x1b[K", dt.name());
+                            let _ = std::io::Write::flush(&mut std::io::stdout());
+                        }
                         for inplace in [false, true] {
                             match bench_any(c, o, dev, name, dt, op, count, root, inplace)? {
                                 Some(res) => {
@@ -474,6 +481,9 @@ fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<u
                         if o.bound {
                             let bw = memcpy_bw(c, total)?;
                             cols += &format!("  bound {:6.2}", bound_busbw(name, n, total, bw));
+                        }
+                        if tty {
+                            print!("\r\x1b[K");
                         }
                         if lead {
                             let root_col = if coll.rooted() && *name != "sendrecv" { root as i64 } else { -1 };

@@ -113,3 +113,25 @@ fn logs_follow_nccl_conventions() {
     assert_eq!(ranks, 2, "{files:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// On a terminal the row being measured is shown (and erased when the row is printed); when the
+/// output is not a terminal nothing of it appears.
+#[test]
+fn the_row_being_measured_shows_on_a_terminal_only() {
+    let exe = env!("CARGO_BIN_EXE_oxccl-perf");
+    let o = perf(&["-b", "8", "-e", "64", "-f", "8"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("measuring"));
+    // `script` gives the program a pseudo-terminal
+    let Ok(t) = Command::new("script")
+        .args(["-qec", &format!("{exe} -b 8 -e 64 -f 8"), "/dev/null"])
+        .env("OXCCL_SOCKET_IFNAME", "lo")
+        .output()
+    else {
+        eprintln!("no `script` here: skipped");
+        return;
+    };
+    let out = String::from_utf8_lossy(&t.stdout);
+    assert!(t.status.success(), "{out}");
+    assert!(out.contains("\r# measuring allreduce float sum 8 B ...\x1b[K"), "{out:?}");
+    assert!(out.contains("\r\x1b[K"), "the indicator is erased: {out:?}");
+}
