@@ -10,10 +10,15 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map.display());
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: the library lands in <target>/<profile>
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    // The link points into deps/, where cargo always writes the cdylib: `cargo build` also copies
+    // it up to <profile>/libnccl.so, but `cargo test` does not, and a link to that copy dangled
+    // after a test-only build.
     if let Some(profile_dir) = out.ancestors().nth(3) {
         let link = profile_dir.join("libnccl.so.2");
-        if std::fs::symlink_metadata(&link).is_err() {
-            let _ = std::os::unix::fs::symlink("libnccl.so", &link);
+        let target = std::path::Path::new("deps/libnccl.so");
+        if std::fs::read_link(&link).ok().as_deref() != Some(target) {
+            let _ = std::fs::remove_file(&link);
+            let _ = std::os::unix::fs::symlink(target, &link);
         }
     }
 }

@@ -27,6 +27,12 @@ class BuildWithRust(build_py):
         dest = pathlib.Path(self.build_lib) / "oxccl" / "lib"
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy2(lib, dest / "libnccl.so.2")
+        # the release build carries its debug info (~30 MB); the package ships without it
+        strip = shutil.which("strip")
+        if strip:
+            subprocess.check_call([strip, "--strip-debug", str(dest / "libnccl.so.2")])
+        else:
+            print("oxccl: no strip(1) here: the bundled libnccl.so.2 keeps its debug info")
 
 
 class BinaryDistribution(Distribution):

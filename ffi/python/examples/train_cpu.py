@@ -1,15 +1,15 @@
 """CPU data-parallel training with the "oxccl" backend, for torchrun:
 
+    pip install ./ffi/python
     torchrun --nproc-per-node 2 ffi/python/examples/train_cpu.py
-"""
-import os
-import sys
 
+It uses the installed `oxccl` package (not the source tree).
+"""
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import oxccl.torch  # noqa: E402,F401  (registers "oxccl")
+import oxccl
+import oxccl.torch  # noqa: F401  (registers "oxccl")
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
     t = torch.tensor([loss.item()])
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     if rank == 0:
-        print(f"world {world}: mean final loss {t.item():.5f}")
+        print(f"world {world}: mean final loss {t.item():.5f} (oxccl from {oxccl.__file__})")
         assert t.item() < 0.05, "training did not converge"
     dist.destroy_process_group()
 
