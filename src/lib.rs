@@ -7,8 +7,9 @@
 //!
 //! This crate is the core: communicators, bootstrap, schedules, the simulator, the executor and
 //! host reductions. It has no `unsafe` (`#![forbid(unsafe_code)]`); the transports that need it
-//! live in their own crates (`oxccl-transport-shm`, `oxccl-transport-tcp`) and are chosen
-//! automatically: shared memory between ranks with the same host identity, TCP otherwise.
+//! live in their own crates and are chosen automatically: shared memory between ranks with the
+//! same host identity (`oxccl-transport-shm`), TCP between hosts (`oxccl-transport-tcp`), or the
+//! RDMA protocol over libfabric or verbs with `OXCCL_NET=ofi`/`ib` (`oxccl-transport-rdma`).
 //!
 //! | NCCL | oxccl |
 //! |---|---|

@@ -54,6 +54,10 @@ pub fn current() -> *const c_char {
     }
 }
 
+/// Tests that read the last error take this, so they do not see each other's errors.
+#[cfg(test)]
+pub static TEST_LOCK: Mutex<()> = Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +65,7 @@ mod tests {
 
     #[test]
     fn old_pointers_stay_valid_and_terminated() {
+        let _g = TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         set_last_error("first");
         let p = current();
         // SAFETY: a static buffer, NUL-terminated.

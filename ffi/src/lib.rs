@@ -222,11 +222,14 @@ fn boundary(name: &str, f: impl FnOnce() -> R) -> ncclResult_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
+            let code = result_of(&e);
             if e.kind != ErrorKind::InProgress {
-                set_last_error(&format!("{name}: {e}"));
-                oxccl_log(&format!("{name}: {e}"), e.rank);
+                // ncclGetErrorString keeps NCCL's text for the code; the detail says whose bug it is
+                let whose = if code == ncclInternalError { REPORT } else { "" };
+                set_last_error(&format!("{name}: {e}{whose}"));
+                oxccl_log(&format!("{name}: {e}{whose}"), e.rank);
             }
-            result_of(&e)
+            code
         }
         Err(p) => {
             let what = p
@@ -234,11 +237,15 @@ fn boundary(name: &str, f: impl FnOnce() -> R) -> ncclResult_t {
                 .map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            set_last_error(&format!("{name}: internal error (panic caught at the C boundary): {what}"));
+            set_last_error(&format!("{name}: internal error (panic caught at the C boundary): {what}{REPORT}"));
             ncclInternalError
         }
     }
 }
+
+/// Appended to the detail of internal errors: they are oxccl's bugs, not NCCL's.
+const REPORT: &str = " (a bug in oxccl, not NCCL: please report it to the oxccl project with this message and the \
+                      NCCL_DEBUG=INFO output)";
 
 /// A refused call, as a `NCCL WARN` line of oxccl's logger (`NCCL_DEBUG=WARN` or more).
 fn oxccl_log(msg: &str, rank: Option<usize>) {
@@ -1640,6 +1647,20 @@ mod tests {
         assert!(h.contains(&format!("#define NCCL_VERSION_CODE {NCCL_VERSION_CODE}")));
         assert_eq!(std::mem::size_of::<ncclConfig_t>(), 120);
         assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
+    }
+
+    #[test]
+    fn internal_errors_point_to_this_project() {
+        let _g = last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let code = boundary("ncclTest", || panic!("boom"));
+        assert_eq!(code, ncclInternalError);
+        // SAFETY: a static buffer, NUL-terminated.
+        let msg = unsafe { CStr::from_ptr(last_error::current()) }.to_string_lossy().into_owned();
+        assert!(msg.contains("boom") && msg.contains("oxccl project"), "{msg}");
+        boundary("ncclTest", || Err(Error::internal("invariant")));
+        // SAFETY: as above.
+        let msg = unsafe { CStr::from_ptr(last_error::current()) }.to_string_lossy().into_owned();
+        assert!(msg.contains("invariant") && msg.contains("not NCCL"), "{msg}");
     }
 
     #[test]
