@@ -545,7 +545,11 @@ fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Resu
     put(&mut rec, 4, &inner.device.to_le_bytes());
     for (k, (p, len)) in [(ip, ilen), (op, olen)].into_iter().enumerate() {
         let at = 16 + k * 72;
-        if p != 0 && len > 0 {
+        // an empty window (a gather's output on a non-root rank) is not shared: no handle, and
+        // no pointer for peers to map (they tried to open the missing handle: found by the
+        // simulated driver)
+        let p = if len > 0 { p } else { 0 };
+        if p != 0 {
             match driver::ipc_handle(p) {
                 Ok((h, off)) => {
                     put(&mut rec, at, &h);
