@@ -207,6 +207,12 @@ impl DevCtx {
                 100.0 * bw16.reduce / bw16.memcpy,
                 o.max.max(1 << 20)
             );
+            if oxccl_cuda::driver::simulated() {
+                println!(
+                    "# Device {ord}: SIMULATED (oxccl's simulated CUDA driver, cuda/sim): these bandwidths and the table's \
+                     times are the simulator's, never GPU figures; the #wrong column is what it proves"
+                );
+            }
         }
         Ok(DevCtx {
             dc,

@@ -28,6 +28,20 @@ pub(crate) fn check(r: cu::CUresult, what: &str) -> Result<()> {
     Err(Error::new(ErrorKind::UnhandledCuda, format!("{what} failed: {name}")))
 }
 
+/// Whether the CUDA driver in this process is oxccl's simulator (`cuda/sim`, which exports
+/// `cuOxcclSimulated`): its times are never GPU figures.
+pub fn simulated() -> bool {
+    if probe().is_err() {
+        return false;
+    }
+    // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD only finds the driver the
+    // process already loaded.
+    unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        !h.is_null() && !libc::dlsym(h, c"cuOxcclSimulated".as_ptr()).is_null()
+    }
+}
+
 /// Probe the driver once: `libcuda` present, `cuInit` succeeds, at least one device. Never
 /// panics; the error is `Unavailable` with the reason.
 pub fn probe() -> Result<()> {

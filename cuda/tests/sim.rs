@@ -1,0 +1,181 @@
+//! What only a device can get wrong, under oxccl's simulated CUDA driver (`cuda/sim`; `.ci/run`
+//! puts `target/release/cuda-sim` first on `LD_LIBRARY_PATH`). Without the simulator (no
+//! driver, or a real GPU) each test says so and passes: the strictness checks are the
+//! simulator's, and `tests/device.rs` is the one that also runs on a GPU.
+
+use cudarc::driver::sys as cu;
+use oxccl::exact::{coll_input, expected_output};
+use oxccl::{Coll, Communicator, DataType, OpDesc, ReduceOp};
+use oxccl_cuda::driver::{self, DeviceBuffer, Stream};
+use oxccl_cuda::{DevMem, DeviceComm, HostComm, UserStream};
+use std::sync::Arc;
+
+fn sim() -> bool {
+    let s = driver::simulated();
+    if !s {
+        eprintln!("not under the simulated CUDA driver: skipped");
+    }
+    s
+}
+
+/// The test binary re-run as a child with `OXCCL_SIM_CHILD=<what>`.
+fn child(what: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([what, "--exact", "--nocapture", "--test-threads=1"])
+        .env("OXCCL_SIM_CHILD", what)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_host_dereference_of_a_device_pointer_crashes() {
+    if std::env::var("OXCCL_SIM_CHILD").as_deref() == Ok("a_host_dereference_of_a_device_pointer_crashes") {
+        driver::set_device(0).unwrap();
+        let b = DeviceBuffer::zeroed(4096).unwrap();
+        // SAFETY: deliberately not: a device address read by host code must fault.
+        let v = unsafe { std::ptr::read_volatile(b.ptr() as *const u8) };
+        println!("READ {v}");
+        return;
+    }
+    if !sim() {
+        return;
+    }
+    let out = child("a_host_dereference_of_a_device_pointer_crashes");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stdout));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("READ"));
+}
+
+#[test]
+fn misuse_is_an_error_naming_the_address() {
+    if !sim() {
+        return;
+    }
+    driver::set_device(0).unwrap();
+    let mut p = 0u64;
+    // SAFETY: plain driver calls on memory of this test.
+    unsafe {
+        assert_eq!(cu::cuMemAlloc_v2(&mut p, 1000), cu::CUresult::CUDA_SUCCESS);
+        let host = [7u8; 2000];
+        // out of bounds
+        assert_eq!(cu::cuMemcpyHtoD_v2(p, host.as_ptr().cast(), 2000), cu::CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemcpyHtoD_v2(p + 500, host.as_ptr().cast(), 500), cu::CUresult::CUDA_SUCCESS);
+        // freeing the middle, then twice
+        assert_eq!(cu::cuMemFree_v2(p + 8), cu::CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cu::cuMemFree_v2(p), cu::CUresult::CUDA_SUCCESS);
+        assert_eq!(cu::cuMemFree_v2(p), cu::CUresult::CUDA_ERROR_INVALID_VALUE);
+        // use after free
+        let mut back = [0u8; 8];
+        assert_eq!(cu::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), p, 8), cu::CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // an IPC handle of this process's own memory cannot be opened here (CUDA's rule)
+    let b = DeviceBuffer::zeroed(4096).unwrap();
+    let (h, _) = driver::ipc_handle(b.ptr()).unwrap();
+    assert!(driver::ipc_open(&h).is_err());
+}
+
+/// A one-rank device communicator over a fresh stream.
+fn device_comm(c: Communicator) -> (Arc<DeviceComm>, Stream) {
+    let comm = Arc::new(c);
+    let dc = Arc::new(DeviceComm::new(Arc::new(comm) as Arc<dyn HostComm>, 0).unwrap());
+    driver::set_device(0).unwrap();
+    (dc, Stream::new().unwrap())
+}
+
+#[test]
+fn stream_order_is_kept_before_and_after_a_collective() {
+    if !sim() {
+        return;
+    }
+    // 2 ranks on one GPU: each memsets its input on its stream, enqueues the all-reduce and then
+    // copies the result out, all without waiting in between: only stream order makes it right
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for c in comms {
+            s.spawn(move || {
+                let r = c.rank() as u8;
+                let (dc, st) = device_comm(c);
+                let n = 1 << 16;
+                let send = DeviceBuffer::zeroed(n).unwrap();
+                let recv = DeviceBuffer::zeroed(n).unwrap();
+                let mut out = vec![0u8; n];
+                // SAFETY: buffers of this GPU and a host buffer, all alive until the sync below.
+                unsafe {
+                    assert_eq!(cu::cuMemsetD8Async(send.ptr(), r + 1, n, st.raw()), cu::CUresult::CUDA_SUCCESS);
+                    let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
+                    let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
+                    dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap();
+                    driver::copy_d2h(out.as_mut_ptr(), recv.ptr(), n, st.raw()).unwrap();
+                }
+                st.sync().unwrap();
+                assert!(out.iter().all(|&b| b == 3), "rank {r}: {:?}", &out[..8]);
+            });
+        }
+    });
+}
+
+#[test]
+fn two_communicators_on_two_streams() {
+    if !sim() {
+        return;
+    }
+    let (a, b) = (Communicator::init_all(2).unwrap(), Communicator::init_all(2).unwrap());
+    std::thread::scope(|s| {
+        for (ca, cb) in a.into_iter().zip(b) {
+            s.spawn(move || {
+                let r = ca.rank();
+                let (da, sa) = device_comm(ca);
+                let (db, sb) = device_comm(cb);
+                let n = 4099;
+                let (dt, op) = (DataType::F32, ReduceOp::Sum);
+                let input = coll_input(Coll::AllReduce, dt, op, 2, r, n, 0, 3);
+                let want = expected_output(Coll::AllReduce, dt, op, 2, r, n, 0, 3);
+                let bufs: Vec<(DeviceBuffer, DeviceBuffer)> = (0..2)
+                    .map(|_| (DeviceBuffer::from_host(&input).unwrap(), DeviceBuffer::zeroed(input.len()).unwrap()))
+                    .collect();
+                for ((dc, st), (send, recv)) in [(&da, &sa), (&db, &sb)].into_iter().zip(&bufs) {
+                    let d = OpDesc { coll: Coll::AllReduce, dtype: dt, op, count: n, root: 0 };
+                    let m = DevMem::Split {
+                        send: send.ptr(),
+                        send_len: input.len(),
+                        recv: recv.ptr(),
+                        recv_len: input.len(),
+                    };
+                    // SAFETY: buffers of this GPU, alive until the syncs below.
+                    unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
+                }
+                sa.sync().unwrap();
+                sb.sync().unwrap();
+                for (_, recv) in &bufs {
+                    assert_eq!(oxccl::exact::count_wrong(dt, &recv.to_host().unwrap(), &want), 0, "rank {r}");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_stream_being_captured_is_refused_clearly() {
+    if !sim() {
+        return;
+    }
+    let c = Communicator::init_all(1).unwrap().pop().unwrap();
+    let (dc, st) = device_comm(c);
+    let b = DeviceBuffer::zeroed(64).unwrap();
+    // SAFETY: a live stream of this test.
+    unsafe {
+        assert_eq!(
+            cu::cuStreamBeginCapture_v2(st.raw(), cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL),
+            cu::CUresult::CUDA_SUCCESS
+        );
+    }
+    let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::F32, op: ReduceOp::Sum, count: 16, root: 0 };
+    let m = DevMem::Split { send: b.ptr(), send_len: 64, recv: b.ptr(), recv_len: 64 };
+    // SAFETY: a buffer of this GPU.
+    let e = unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)) }.unwrap_err();
+    assert_eq!(e.kind, oxccl::ErrorKind::InvalidUsage, "{e}");
+    assert!(e.to_string().contains("captured"), "{e}");
+    let mut g = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above.
+    unsafe { cu::cuStreamEndCapture(st.raw(), &mut g) };
+}
