@@ -45,10 +45,16 @@ impl Stderr {
     fn summary(&self) {
         for (first, also) in self.seen.lock().unwrap().values() {
             if !also.is_empty() {
-                let mut also = also.clone();
-                also.sort_unstable();
+                let mut ranks = also.clone();
+                ranks.sort_unstable();
+                ranks.dedup();
+                let times = if also.len() > ranks.len() {
+                    format!(" ({} times in all)", also.len() + 1)
+                } else {
+                    String::new()
+                };
                 let short: String = first.chars().take(60).collect();
-                eprintln!("oxccl-perf: ranks {also:?} reported the same as \"{short}...\"");
+                eprintln!("oxccl-perf: ranks {ranks:?} reported the same as \"{short}...\"{times}");
             }
         }
     }
