@@ -9,7 +9,14 @@
 # processes), oxccl-perf on device buffers with 2 and 4 ranks (with device memcpy and
 # reduce-kernel bandwidth measured in the same run), and a PyTorch DDP step on CUDA tensors over
 # the oxccl backend and over ProcessGroupNCCL with oxccl's libnccl.so.2 in LD_PRELOAD. Each step
-# is time-boxed (370 s in all at worst; a few minutes normally); a summary table comes last.
+# is time-boxed (370 s in all at worst; a few minutes normally); a summary table comes last, and
+# the exit status is non-zero if a step failed.
+#
+# OXCCL_GPU_CHECK_SIM=<folder of the simulated libcuda.so.1> (target/release/cuda-sim) runs the
+# correctness part under oxccl's simulated CUDA driver instead, with CUDA_HOME's headers (a folder
+# with include/cuda.h; CUDA_EXTRA_INCLUDE for crt/host_config.h where that is elsewhere):
+# everything but the PyTorch steps, whose CUDA runtime needs a real driver.
+# Its times and bandwidths are the simulator's (oxccl-perf labels them SIMULATED).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 B="$(cd "${1:-$ROOT/target/gpu-bundle}" && pwd)"
@@ -26,7 +33,13 @@ step() { # step NAME SECONDS CMD...
   local rc=${PIPESTATUS[0]}
   NAMES+=("$name"); RESULTS+=("$( [ "$rc" = 0 ] && echo PASS || echo "FAIL(rc=$rc)" ) $((SECONDS - t0))s")
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+SIM="${OXCCL_GPU_CHECK_SIM:-}"
+if [ -n "$SIM" ]; then
+  echo "SIMULATED CUDA driver ($SIM): correctness only, no GPU figures" | tee "$OUT/gpu.txt"
+  export LD_LIBRARY_PATH="$SIM${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+fi
 CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}"
 # NVRTC: the toolkit's, else PyTorch's wheel; without either the embedded PTX is used
 for d in "$CUDA_HOME/lib64" $(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.dirname(nvidia.cuda_nvrtc.__file__) + "/lib")' 2>/dev/null); do
@@ -38,23 +51,27 @@ step "device tests: 1, 2, 4 ranks on one GPU, every collective/type/op" 100 \
   env OXCCL_REQUIRE_GPU=1 OXCCL_DEVICE_TEST_RANKS=1,2,4 "$B/device-test" --nocapture --test-threads 1
 
 step "C ABI on device buffers: build" 20 \
-  cc -std=c11 -O2 -DOXCCL_DEVICE -I"$ROOT/ffi/include" -I"$CUDA_HOME/include" "$ROOT/ffi/tests/c/colls.c" \
-  -o "$OUT/colls_dev" -L"$B" -l:libnccl.so.2 -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcuda -lm \
+  cc -std=c11 -O2 -DOXCCL_DEVICE -I"$ROOT/ffi/include" -I"$CUDA_HOME/include" \
+  ${CUDA_EXTRA_INCLUDE:+-I"$CUDA_EXTRA_INCLUDE"} "$ROOT/ffi/tests/c/colls.c" \
+  -o "$OUT/colls_dev" -L"$B" -l:libnccl.so.2 ${SIM:+-L"$SIM"} -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcuda -lm \
   -Wl,-rpath,"$B"
 step "C ABI on device buffers: 2 processes (CUDA IPC)" 30 "$OUT/colls_dev" 2
 step "C ABI on device buffers: 4 processes (CUDA IPC)" 40 "$OUT/colls_dev" 4
 
-step "oxccl-perf --device, 2 ranks, all-reduce 8 B..256 MiB" 40 \
-  "$B/oxccl-perf" --device --np 2 -b 8 -e 256M -f 4 -n 20 -w 5 -c 1
-step "oxccl-perf --device, 4 ranks, all-reduce 8 B..256 MiB" 40 \
-  "$B/oxccl-perf" --device --np 4 -b 8 -e 256M -f 4 -n 20 -w 5 -c 1
-step "oxccl-perf --device, 2 ranks, staged (OXCCL_CUDA_IPC=0) 1 MiB..64 MiB" 20 \
-  env OXCCL_CUDA_IPC=0 "$B/oxccl-perf" --device --np 2 -b 1M -e 64M -f 8 -n 10 -w 2 -c 1
+# the simulator's kernels run on one host thread: smaller sizes there
+MAX=${SIM:+16M}; MAX=${MAX:-256M}
+step "oxccl-perf --device, 2 ranks, all-reduce 8 B..$MAX" 40 \
+  "$B/oxccl-perf" --device --np 2 -b 8 -e "$MAX" -f 4 -n 20 -w 5 -c 1
+step "oxccl-perf --device, 4 ranks, all-reduce 8 B..$MAX" 40 \
+  "$B/oxccl-perf" --device --np 4 -b 8 -e "$MAX" -f 4 -n 20 -w 5 -c 1
+SMAX=${SIM:+4M}; SMAX=${SMAX:-64M}
+step "oxccl-perf --device, 2 ranks, staged (OXCCL_CUDA_IPC=0) 1 MiB..$SMAX" 20 \
+  env OXCCL_CUDA_IPC=0 "$B/oxccl-perf" --device --np 2 -b 1M -e "$SMAX" -f 8 -n 10 -w 2 -c 1
 
 export PYTHONPATH="$ROOT/ffi/python${PYTHONPATH:+:$PYTHONPATH}" OXCCL_LIBRARY="$B/libnccl.so.2"
-step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 40 \
+[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 40 \
   python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29571 "$ROOT/cuda/gpu_ddp.py" --backend oxccl
-step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 40 \
+[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 40 \
   env LD_PRELOAD="$B/libnccl.so.2" python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29572 \
   "$ROOT/cuda/gpu_ddp.py" --backend nccl
 
@@ -63,3 +80,4 @@ printf '| %-80s | %-16s |\n' "check" "result"
 for i in "${!NAMES[@]}"; do printf '| %-80s | %-16s |\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
 grep -h "^# Device" "$OUT"/step*.log | head -2
 grep -h -E "^ +268435456 " "$OUT"/step*.log | head -3
+for r in "${RESULTS[@]}"; do case "$r" in PASS*) ;; *) exit 1 ;; esac; done
