@@ -179,3 +179,42 @@ fn a_stream_being_captured_is_refused_clearly() {
     // SAFETY: ends the capture begun above.
     unsafe { cu::cuStreamEndCapture(st.raw(), &mut g) };
 }
+
+/// Freeing a buffer while a collective on it is enqueued: `cuMemFree` synchronises the device
+/// (CUDA's rule), so the free waits until the collective has run, and the collective is right.
+/// (Hence the hazard docs/pytorch.md names: a rank that frees while its peer in the same process
+/// has not enqueued yet waits for that peer.)
+#[test]
+fn freeing_a_buffer_with_a_collective_pending_waits_for_it() {
+    if !sim() {
+        return;
+    }
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for c in comms {
+            s.spawn(move || {
+                let r = c.rank();
+                let (dc, st) = device_comm(c);
+                let n = 1 << 14;
+                let input = vec![r as u8 + 1; n];
+                let send = DeviceBuffer::from_host(&input).unwrap();
+                let recv = DeviceBuffer::zeroed(n).unwrap();
+                if r == 1 {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                }
+                let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
+                let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
+                // SAFETY: buffers of this GPU; `send` is freed below while the operation may be
+                // pending, which is what is tested: the free waits for it.
+                unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
+                let t = std::time::Instant::now();
+                drop(send); // cuMemFree
+                if r == 0 {
+                    assert!(t.elapsed() >= std::time::Duration::from_millis(150), "the free did not wait");
+                }
+                st.sync().unwrap();
+                assert!(recv.to_host().unwrap().iter().all(|&b| b == 3), "rank {r}");
+            });
+        }
+    });
+}
