@@ -553,48 +553,6 @@ fn cu_pointer_get_attribute() -> Option<CuPointerGetAttribute> {
     (f != 0).then(|| unsafe { std::mem::transmute::<usize, CuPointerGetAttribute>(f) })
 }
 
-/// Without CUDA in the process, a pointer that is not mapped (a device pointer from elsewhere, a
-/// stale address) would crash the caller when read: check the window's first and last byte with
-/// `process_vm_readv` on ourselves, which reports EFAULT instead of faulting. Recently checked
-/// windows are remembered (training loops reuse their buffers).
-fn check_mapped(p: usize, len: usize, what: &str, name: &str) -> Result<(), Error> {
-    thread_local! {
-        static SEEN: std::cell::RefCell<[(usize, usize); 8]> = const { std::cell::RefCell::new([(0, 0); 8]) };
-    }
-    if p == 0 || len == 0 {
-        return Ok(());
-    }
-    let end = p + len;
-    if SEEN.with(|s| s.borrow().iter().any(|&(a, b)| a <= p && end <= b)) {
-        return Ok(());
-    }
-    let mut local = [0u8; 2];
-    let liov = [libc::iovec { iov_base: local.as_mut_ptr().cast(), iov_len: 2 }];
-    let riov = [
-        libc::iovec { iov_base: p as *mut c_void, iov_len: 1 },
-        libc::iovec { iov_base: (end - 1) as *mut c_void, iov_len: 1 },
-    ];
-    // SAFETY: reads two bytes of our own address space through the kernel, which checks the
-    // addresses; the local buffer holds two bytes.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), liov.as_ptr(), 1, riov.as_ptr(), 2, 0) };
-    if n == 2 {
-        SEEN.with(|s| {
-            let mut s = s.borrow_mut();
-            s.rotate_right(1);
-            s[0] = (p, end);
-        });
-        return Ok(());
-    }
-    let errno = std::io::Error::last_os_error().raw_os_error();
-    if n < 0 && errno != Some(libc::EFAULT) {
-        return Ok(()); // the check itself is unavailable (seccomp, ptrace policy): trust the caller
-    }
-    Err(arg(format!(
-        "{name}: {what} {p:#x} ({len} bytes) is not host memory of this process, and CUDA is not loaded here \
-         (a device pointer needs the CUDA driver in this process; otherwise the pointer is invalid)"
-    )))
-}
-
 /// Check an operation's arguments and locate its buffers.
 fn layout(comm: &Communicator, d: &OpDesc, send: *const c_void, recv: *mut c_void) -> Result<Layout, Error> {
     let (n, r) = (comm.size(), comm.rank());
@@ -766,11 +724,12 @@ fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
             Err(arg(format!("{name}: one buffer is device memory and the other host memory; both must be of one kind")))
         }
         _ => {
-            if !cuda {
-                check_mapped(a, alen, "sendbuff", name)?;
-                if b != a {
-                    check_mapped(b, blen, "recvbuff", name)?;
-                }
+            // host memory: the input readable, the output writable (NCCL's in-place form is one
+            // window read and written)
+            let inplace = matches!(l, Layout::InPlace { .. });
+            access::check(a, alen, inplace && blen > 0, "sendbuff", name, cuda)?;
+            if !inplace {
+                access::check(b, blen, true, "recvbuff", name, cuda)?;
             }
             Ok(None)
         }
@@ -953,6 +912,7 @@ macro_rules! export {
     };
 }
 
+mod access;
 mod collconfig;
 mod devapi;
 mod encryption;

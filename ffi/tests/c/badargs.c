@@ -75,6 +75,27 @@ int main(void) {
     /* and the communicator still works */
     EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclSuccess);
   }
+  /* read-only buffers: an output there is refused (it crashed the process), an input is fine */
+  {
+    float* ro = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT(ro != MAP_FAILED, "mmap");
+    for (int i = 0; i < 8; i++) ro[i] = (float)i;
+    EXPECT(mprotect(ro, 1 << 16, PROT_READ) == 0, "mprotect");
+    EXPECT_RC(ncclAllReduce(a, ro, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "read-only"), "message: %s", ncclGetLastError(NULL));
+    EXPECT_RC(ncclAllReduce(ro, ro, 8, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument); /* in place */
+    EXPECT_RC(ncclAllReduce(ro, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclSuccess);          /* input only */
+    EXPECT(b[7] == 7, "allreduce from read-only memory: %f", b[7]);
+    /* an in-place broadcast into a read-only buffer on a rank that is not the root */
+    ncclComm_t two[2];
+    CHECK(ncclCommInitAll(two, 2, NULL));
+    EXPECT_RC(ncclBcast(ro, 8, ncclFloat32, 0, two[1], NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclRecv(ro, 8, ncclFloat32, 0, two[1], NULL), ncclInvalidArgument);
+    CHECK(ncclCommDestroy(two[0]));
+    CHECK(ncclCommDestroy(two[1]));
+    munmap(ro, 1 << 16);
+    EXPECT_RC(ncclAllReduce(a, b, 8, ncclFloat32, ncclSum, comm, NULL), ncclSuccess);
+  }
   /* NCCL 2.31/2.32 entry points: NULL and garbage arguments */
   {
     void* junkp = (void*)(uintptr_t)0x10;
