@@ -1,8 +1,10 @@
 //! Host buffers are checked before use, so that a bad pointer is an error and never a crash: an
-//! input must be readable and an output writable over its whole window (a read-only receive
-//! buffer crashed the process). The protections come from `/proc/self/maps`, page range by page
-//! range; verdicts are remembered per thread (training loops reuse their buffers), so the fast
-//! path pays a lookup in a small array.
+//! input must be readable and an output writable (a read-only receive buffer crashed the
+//! process). Windows of up to two pages are probed at their first and last byte through the
+//! kernel (`process_vm_readv`, and `process_vm_writev` writing the same bytes back for outputs),
+//! which reports EFAULT instead of faulting; larger ones are checked page range by page range
+//! against `/proc/self/maps`. Verdicts are remembered per thread (training loops reuse their
+//! buffers), so the fast path pays a lookup in a small array.
 
 use oxccl::Error;
 use std::cell::RefCell;
@@ -40,6 +42,27 @@ fn protections(p: usize, end: usize) -> Result<Option<(bool, bool)>, ()> {
     Ok(None)
 }
 
+/// Probe the first and last byte of `[p, end)` for reading. (Not for writing: the kernel's
+/// `process_vm_writev` was seen to succeed on a `PROT_READ` private mapping, so writability
+/// always comes from the maps.)
+fn probe(p: usize, end: usize) -> Result<Option<(bool, bool)>, ()> {
+    use libc::{c_void, iovec};
+    let mut local = [0u8; 2];
+    let remote =
+        [iovec { iov_base: p as *mut c_void, iov_len: 1 }, iovec { iov_base: (end - 1) as *mut c_void, iov_len: 1 }];
+    let liov = [iovec { iov_base: local.as_mut_ptr().cast(), iov_len: 2 }];
+    // SAFETY: the kernel reads two bytes of our own address space, checking the addresses; the
+    // local buffer holds two bytes.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), liov.as_ptr(), 1, remote.as_ptr(), 2, 0) };
+    if n != 2 {
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        return if n < 0 && errno != Some(libc::EFAULT) { Err(()) } else { Ok(None) };
+    }
+    // readable; whether writable is not known, and a read-only verdict must not be cached as
+    // writable: report it as not writable (only reads are probed)
+    Ok(Some((true, false)))
+}
+
 /// Check that `len` bytes at `p` can be read (and written, with `write`) by this process.
 /// `cuda`: whether the CUDA driver is loaded (the message then says what an unmapped pointer
 /// may be).
@@ -51,16 +74,17 @@ pub fn check(p: usize, len: usize, write: bool, what: &str, name: &str, cuda: bo
     if OK.with(|s| s.borrow().iter().any(|&(a, b, wr)| a <= p && end <= b && (wr || !write))) {
         return Ok(());
     }
-    let Ok(prot) = protections(p, end) else {
-        return Ok(()); // no /proc: trust the caller, as NCCL does
+    let probed = if len <= 8192 && !write { probe(p, end) } else { protections(p, end) };
+    let Ok(prot) = probed else {
+        return Ok(()); // neither check is available here: trust the caller, as NCCL does
     };
     let bad = |why: &str| Err(Error::invalid_argument(format!("{name}: {what} {p:#x} ({len} bytes) {why}")));
     match prot {
         None if cuda => bad("is not host memory of this process (and not device memory CUDA knows)"),
-        None => bad(
-            "is not host memory of this process, and CUDA is not loaded here (a device pointer needs the CUDA \
-             driver in this process; otherwise the pointer is invalid)",
-        ),
+        None => {
+            bad("is not host memory of this process, and CUDA is not loaded here (a device pointer needs the CUDA \
+             driver in this process; otherwise the pointer is invalid)")
+        }
         Some((false, _)) => bad("is not readable memory"),
         Some((true, false)) if write => bad("is read-only memory, and the operation writes its results there"),
         Some((_, wr)) => {
@@ -89,8 +113,34 @@ mod tests {
         let e = check(ro, 4, true, "recvbuff", "t", false).unwrap_err();
         assert!(e.to_string().contains("read-only"), "{e}");
         assert!(check(16, 64, false, "sendbuff", "t", false).unwrap_err().to_string().contains("CUDA is not loaded"));
-        // a window that runs off its mapping
-        let e = check(usize::MAX - 100, 64, false, "sendbuff", "t", true).unwrap_err();
+        // large windows: a hole in the middle, and a read-only page in the middle
+        let page = 4096;
+        // SAFETY: a fresh anonymous mapping of this test, then changes to its own pages.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as usize;
+        // (a verdict is remembered: a window's protections changed after its first use are not seen)
+        // SAFETY: the middle page of the mapping above.
+        unsafe { libc::mprotect((m + page) as *mut libc::c_void, page, libc::PROT_READ) };
+        let e = check(m + 8, 3 * page - 16, true, "recvbuff", "t", true).unwrap_err();
+        assert!(e.to_string().contains("read-only"), "{e}");
+        assert!(check(m + 8, 3 * page - 16, false, "sendbuff", "t", true).is_ok());
+        assert!(check(m + 2 * page, page, true, "recvbuff", "t", true).is_ok());
+        // SAFETY: as above.
+        unsafe { libc::munmap((m + page) as *mut libc::c_void, page) };
+        let e = check(m + 4, 3 * page - 8, false, "sendbuff", "t", true).unwrap_err(); // not inside a remembered window
         assert!(e.to_string().contains("not host memory"), "{e}");
+        // SAFETY: the rest of the mapping.
+        unsafe {
+            libc::munmap(m as *mut libc::c_void, page);
+            libc::munmap((m + 2 * page) as *mut libc::c_void, page);
+        }
     }
 }
