@@ -443,6 +443,10 @@ fn wait_for_peers(
             ))
             .with_rank(me));
         }
+        if let Some(e) = dead_joiner(store, keys, me) {
+            let _ = store.set(&failed[0], e.to_string().as_bytes());
+            return Err(e);
+        }
         if !checked_rank0 && store.check(&keys[..1]).unwrap_or(false) {
             checked_rank0 = true;
             let v = store.get(&keys[0], Duration::from_secs(1)).map_err(|e| store_lost(e, me))?;
@@ -462,6 +466,27 @@ fn wait_for_peers(
             .with_rank(me));
         }
     }
+}
+
+/// A rank on this machine that joined (published its record) and whose process is gone since:
+/// it will never finish init.
+fn dead_joiner(store: &dyn Store, keys: &[String], me: usize) -> Option<Error> {
+    let machine = machine_id();
+    for (r, k) in keys.iter().enumerate().filter(|(r, _)| *r != me) {
+        if !store.check(std::slice::from_ref(k)).unwrap_or(false) {
+            continue;
+        }
+        let v = store.get(k, Duration::from_secs(1)).ok()?;
+        let p = PeerInfo::decode(split_record(&v, r).ok()?.1).ok()?;
+        if p.machine == machine && !oxccl_transport::process_alive(p.pid) {
+            return Some(
+                Error::remote(format!("init: rank {r} (pid {}) died after joining: its process is gone", p.pid))
+                    .with_rank(me)
+                    .with_peer(r),
+            );
+        }
+    }
+    None
 }
 
 /// The store failed while this rank waited to join: it is served by rank 0 (or the launcher).

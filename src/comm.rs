@@ -905,6 +905,17 @@ impl Shared {
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(Error::invalid_usage("communicator was aborted").with_rank(self.rank));
             }
+            // a peer on this machine that died will never connect: say so now, not at the timeout
+            let p = &self.peers[peer];
+            if p.machine == self.peers[self.rank].machine && !oxccl_transport::process_alive(p.pid) {
+                let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
+                return Err(Error::remote(format!(
+                    "connection setup: rank {peer} (pid {}) died before connecting (for {what}): its process is gone",
+                    p.pid
+                ))
+                .with_rank(self.rank)
+                .with_peer(peer));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
                 Ok(v) => return Ok(v),
