@@ -1163,7 +1163,10 @@ impl Shared {
 
     /// After a timeout in collective `seq`: say this rank reached it, give the others up to 1 s
     /// to say the same, and name the ranks that did not (they never reached the operation).
-    pub(crate) fn census(&self, seq: u64) -> String {
+    /// Which ranks reached operation `seq`, for a timeout's report: every rank that times out
+    /// says so in the store; `heard` are the peers whose messages of it arrived here, so a
+    /// missing one among them reached it and then stopped responding (stopped, hung, paused).
+    pub(crate) fn census(&self, seq: u64, heard: &[usize]) -> String {
         let key = |r: usize| format!("{}/reached/{seq}/{r}", self.prefix);
         let store = self.store.clone();
         let (me, n) = (self.rank, self.nranks);
@@ -1184,7 +1187,22 @@ impl Shared {
         });
         match rx.recv_timeout(std::time::Duration::from_millis(1500)) {
             Ok(m) if m.is_empty() => format!("every rank reached op #{seq}: a wait inside it never completed"),
-            Ok(m) => format!("ranks {m:?} never reached op #{seq}"),
+            Ok(m) => {
+                let (inside, absent): (Vec<usize>, Vec<usize>) = m.into_iter().partition(|r| heard.contains(r));
+                let mut parts = vec![];
+                if !inside.is_empty() {
+                    parts.push(format!(
+                        "ranks {inside:?} reached op #{seq} (their messages of it arrived) and then stopped responding (stopped, hung or paused: they did not answer the timeout census)"
+                    ));
+                }
+                if !absent.is_empty() {
+                    let last = seq.checked_sub(1).map_or("none".to_string(), |s| format!("#{s}"));
+                    parts.push(format!(
+                        "ranks {absent:?} did not answer the timeout census: they never reached op #{seq}, or stopped before sending any of it (the last op this rank completed is {last})"
+                    ));
+                }
+                parts.join("; ")
+            }
             Err(_) => "the bootstrap store did not answer: cannot tell which ranks reached the operation".into(),
         }
     }
@@ -1438,7 +1456,7 @@ impl<'a> Group<'a> {
                 }
                 if e.kind == crate::ErrorKind::Timeout {
                     if let Some(r) = runs.iter().find(|r| !r.done() && !matches!(r.fp.coll, Coll::Send | Coll::Recv)) {
-                        e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq));
+                        e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq, &r.heard_from()));
                     }
                 }
                 for sh in &shareds {

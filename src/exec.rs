@@ -332,6 +332,11 @@ pub struct OpRun<'a> {
 const BORROW_MIN: usize = 4096;
 
 impl<'a> OpRun<'a> {
+    /// The peers whose messages of this op have arrived: they reached it.
+    pub fn heard_from(&self) -> Vec<usize> {
+        self.rx_idx.iter().enumerate().filter(|(_, &n)| n > 0).map(|(p, _)| p).collect()
+    }
+
     /// A new op at step 0.
     #[allow(clippy::too_many_arguments)]
     pub fn new(

@@ -224,4 +224,6 @@ fn long_waits_say_what_they_wait_for() {
     assert!(!out0.status.success(), "{s}");
     assert!(s.contains("rank 0: waiting for ranks [1] in allreduce #"), "{s}");
     assert!(s.contains("(float, 8 B), 1 of 5 s"), "{s}");
+    // the timeout's report: the stopped rank did not answer the census, and it says so
+    assert!(s.contains("ranks [1] ") && s.contains("stopped"), "{s}");
 }
