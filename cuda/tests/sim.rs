@@ -218,3 +218,44 @@ fn freeing_a_buffer_with_a_collective_pending_waits_for_it() {
         }
     });
 }
+
+/// Another process's allocation opened twice in one process is an error (CUDA's rule; oxccl
+/// caches its mappings to open each once), and the mapping shows what the owner wrote.
+#[test]
+fn an_ipc_handle_opened_twice_in_one_process_is_an_error() {
+    const T: &str = "an_ipc_handle_opened_twice_in_one_process_is_an_error";
+    if std::env::var("OXCCL_SIM_CHILD").as_deref() == Ok(T) {
+        driver::set_device(0).unwrap();
+        let hex = std::env::var("OXCCL_SIM_HANDLE").unwrap();
+        let h: Vec<u8> = (0..64).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+        let h: [u8; 64] = h.try_into().unwrap();
+        let p = driver::ipc_open(&h).expect("first open");
+        assert!(driver::ipc_open(&h).is_err(), "a second open of the same allocation succeeded");
+        let mut got = [0u8; 4];
+        // SAFETY: the mapping opened above holds at least 4 bytes; the default stream is then
+        // synchronised before `got` is read.
+        unsafe {
+            driver::copy_d2h(got.as_mut_ptr(), p, 4, std::ptr::null_mut()).unwrap();
+            driver::sync_user_stream(std::ptr::null_mut()).unwrap();
+        }
+        assert_eq!(got, [9, 8, 7, 6]);
+        driver::ipc_close(p);
+        println!("CHILD OK");
+        return;
+    }
+    if !sim() {
+        return;
+    }
+    driver::set_device(0).unwrap();
+    let b = DeviceBuffer::from_host(&[9, 8, 7, 6]).unwrap();
+    let (h, _) = driver::ipc_handle(b.ptr()).unwrap();
+    let hex: String = h.iter().map(|x| format!("{x:02x}")).collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([T, "--exact", "--nocapture", "--test-threads=1"])
+        .env("OXCCL_SIM_CHILD", T)
+        .env("OXCCL_SIM_HANDLE", hex)
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && s.contains("CHILD OK"), "{s}\n{}", String::from_utf8_lossy(&out.stderr));
+}
