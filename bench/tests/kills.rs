@@ -17,9 +17,12 @@ fn children(pid: u32) -> Vec<u32> {
     v
 }
 
+/// A layout: its name, oxccl-perf's flags and environment for it.
+type Layout<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, &'a str)]);
+
 #[test]
 fn a_rank_killed_at_a_random_moment_is_named_within_seconds() {
-    let layouts: [(&str, &[&str], &[(&str, &str)]); 3] =
+    let layouts: [Layout<'_>; 3] =
         [("shm", &[], &[]), ("tcp", &[], &[("NCCL_SHM_DISABLE", "1")]), ("mixed", &["--hosts", "2"], &[])];
     let mut seed = 0x2545_f491_4f6c_dd1du64 ^ std::process::id() as u64;
     let mut rnd = |m: u64| {
