@@ -1434,7 +1434,7 @@ impl<'a> Group<'a> {
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
         let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
-        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report });
+        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report, started: now });
         let end = Instant::now();
         for r in &runs {
             shareds[r.comm].record_end(r.seq, r.fp, r.done(), end);

@@ -614,6 +614,8 @@ pub struct Policy {
     pub deadline: Instant,
     /// Say what the wait waits for every this often ([`crate::Config::wait_report`]).
     pub report: Option<Duration>,
+    /// When the operations started (the caller's one clock read, which the deadline came from).
+    pub started: Instant,
 }
 
 thread_local! {
@@ -651,7 +653,7 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
     let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
     let mut idle_passes = 0u32;
     let mut idle_since: Option<Instant> = None;
-    let started = Instant::now();
+    let started = policy.started;
     let mut next_report = policy.report.map(|r| started + r);
     loop {
         let mut progressed = false;
