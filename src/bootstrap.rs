@@ -409,6 +409,7 @@ fn wait_for_peers(
     let started = std::time::Instant::now();
     let deadline = started + timeout;
     let failed = [format!("{prefix}/init-failed")];
+    let mut joined = Joined::new(nranks);
     let mut checked_rank0 = me == 0;
     let mut next_report = report.map(|r| started + r);
     let missing = || -> Vec<usize> {
@@ -443,14 +444,14 @@ fn wait_for_peers(
             ))
             .with_rank(me));
         }
-        if let Some(e) = dead_joiner(store, keys, me) {
+        joined.fetch_new(store, keys, me);
+        if let Some(e) = joined.dead(me) {
             let _ = store.set(&failed[0], e.to_string().as_bytes());
             return Err(e);
         }
-        if !checked_rank0 && store.check(&keys[..1]).unwrap_or(false) {
+        if let (false, Some(n0)) = (checked_rank0, joined.nranks_of(0)) {
             checked_rank0 = true;
-            let v = store.get(&keys[0], Duration::from_secs(1)).map_err(|e| store_lost(e, me))?;
-            if let Some(e) = size_mismatch(0, split_record(&v, 0)?.0, me, nranks) {
+            if let Some(e) = size_mismatch(0, n0, me, nranks) {
                 // the others learn the cause from the store instead of a closed connection
                 let _ = store.set(&failed[0], e.to_string().as_bytes());
                 return Err(e);
@@ -468,25 +469,48 @@ fn wait_for_peers(
     }
 }
 
-/// A rank on this machine that joined (published its record) and whose process is gone since:
-/// it will never finish init.
-fn dead_joiner(store: &dyn Store, keys: &[String], me: usize) -> Option<Error> {
-    let machine = machine_id();
-    for (r, k) in keys.iter().enumerate().filter(|(r, _)| *r != me) {
-        if !store.check(std::slice::from_ref(k)).unwrap_or(false) {
-            continue;
-        }
-        let v = store.get(k, Duration::from_secs(1)).ok()?;
-        let p = PeerInfo::decode(split_record(&v, r).ok()?.1).ok()?;
-        if p.machine == machine && !oxccl_transport::process_alive(p.pid) {
-            return Some(
-                Error::remote(format!("init: rank {r} (pid {}) died after joining: its process is gone", p.pid))
-                    .with_rank(me)
-                    .with_peer(r),
-            );
+/// The records of the ranks that joined so far, each fetched from the store once while the
+/// others are awaited: (rank count it was started with, pid if it runs on this machine).
+struct Joined {
+    records: Vec<Option<(usize, Option<u32>)>>,
+    machine: u64,
+}
+
+impl Joined {
+    fn new(nranks: usize) -> Joined {
+        Joined { records: vec![None; nranks], machine: machine_id() }
+    }
+
+    /// Fetch the records published since the last call.
+    fn fetch_new(&mut self, store: &dyn Store, keys: &[String], me: usize) {
+        for (r, k) in keys.iter().enumerate() {
+            if r == me || self.records[r].is_some() || !store.check(std::slice::from_ref(k)).unwrap_or(false) {
+                continue;
+            }
+            let Ok(v) = store.get(k, Duration::from_secs(1)) else { continue };
+            let Ok((n, rest)) = split_record(&v, r) else { continue };
+            let local = PeerInfo::decode(rest).ok().filter(|p| p.machine == self.machine).map(|p| p.pid);
+            self.records[r] = Some((n, local));
         }
     }
-    None
+
+    /// The rank count rank `r` was started with, once its record arrived.
+    fn nranks_of(&self, r: usize) -> Option<usize> {
+        self.records[r].map(|(n, _)| n)
+    }
+
+    /// A rank on this machine that joined and whose process is gone since: it will never
+    /// finish init.
+    fn dead(&self, me: usize) -> Option<Error> {
+        self.records.iter().enumerate().find_map(|(r, rec)| {
+            let pid = (*rec)?.1?;
+            (!oxccl_transport::process_alive(pid)).then(|| {
+                Error::remote(format!("init: rank {r} (pid {pid}) died after joining: its process is gone"))
+                    .with_rank(me)
+                    .with_peer(r)
+            })
+        })
+    }
 }
 
 /// The store failed while this rank waited to join: it is served by rank 0 (or the launcher).
