@@ -355,8 +355,10 @@ pub fn exchange_info(
     }
     let mut v = format!("{nranks}\n").into_bytes();
     v.extend_from_slice(&me.encode());
-    store.set(&format!("{prefix}/info/{}", me.rank), &v)?;
+    // counted before the record appears: a rank that sees the record and fails also sees this
+    // rank counted, and serves the store until it has read the failure
     store.add(&format!("{prefix}/joined"), 1)?;
+    store.set(&format!("{prefix}/info/{}", me.rank), &v)?;
     let keys: Vec<String> = (0..nranks).map(|r| format!("{prefix}/info/{r}")).collect();
     let vals = wait_for_peers(store, prefix, me.rank, nranks, &keys, timeout, report)?;
     let mut peers = Vec::with_capacity(nranks);
