@@ -643,7 +643,8 @@ pub(crate) fn record_wait(idle: Duration, spin: Duration, max: Duration) {
 }
 
 /// Drive `ops` until all are done and their sends flushed. Ops on the same connection run in
-/// list order (an op may only use a connection once every earlier op is done with it).
+/// list order (an op may only use a connection once every earlier op is done with it); the
+/// cost of that rule is linear in the ops ([`crate::order::Order`]).
 pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
     let max_spin = policy.spin;
     let mut policy = policy;
@@ -651,32 +652,40 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
     let scheds: Vec<std::sync::Arc<Schedule>> = ops.iter().map(|o| o.sched.clone()).collect();
     let uses: Vec<(&[usize], &[usize])> = scheds.iter().map(|s| s.peers()).collect();
     let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
+    // one op needs no lines (the fast path allocates nothing for them)
+    let mut order = (ops.len() > 1).then(|| {
+        let mut o = crate::order::Order::default();
+        for (i, (op, u)) in ops.iter().zip(&uses).enumerate() {
+            o.push(i as u64, op.comm, u.0, u.1);
+        }
+        o
+    });
+    let mut movable: Vec<u64> = Vec::new();
     let mut idle_passes = 0u32;
     let mut idle_since: Option<Instant> = None;
     let started = policy.started;
     let mut next_report = policy.report.map(|r| started + r);
     loop {
         let mut progressed = false;
-        let mut all_done = true;
-        for i in 0..ops.len() {
-            if ops[i].done() {
-                continue;
+        let all_done = match order.as_mut() {
+            None => {
+                for op in ops.iter_mut().filter(|o| !o.done()) {
+                    progressed |= comms[op.comm].with_conns(|c| op.poll(c))?;
+                }
+                ops.iter().all(|o| o.done())
             }
-            all_done = false;
-            // an earlier unfinished op on the same comm and connection goes first
-            let comm = ops[i].comm;
-            let conflict = (0..i).any(|j| {
-                !ops[j].done()
-                    && ops[j].comm == comm
-                    && (uses[j].0.iter().any(|p| uses[i].0.contains(p))
-                        || uses[j].1.iter().any(|p| uses[i].1.contains(p)))
-            });
-            if conflict {
-                continue;
+            Some(order) => {
+                order.ready_into(&mut movable);
+                for &id in &movable {
+                    let op = &mut ops[id as usize];
+                    progressed |= comms[op.comm].with_conns(|c| op.poll(c))?;
+                    if op.done() {
+                        order.retire(id);
+                    }
+                }
+                order.len() == 0
             }
-            let op = &mut ops[i];
-            progressed |= comms[comm].with_conns(|c| op.poll(c))?;
-        }
+        };
         // flush, and find out whether anything is still in flight
         let mut pending = false;
         for (c, tx) in comms.iter().zip(&tx_of) {
@@ -729,7 +738,10 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
             crate::log::notice(None, &wait_note(comms, ops, now - started, policy.deadline - started));
             next_report = policy.report.map(|r| now + r);
         }
-        block(comms, ops, &uses, policy.deadline, &[])?;
+        match order.as_ref() {
+            None => block(comms, ops.iter(), &tx_of, policy.deadline, &[])?,
+            Some(o) => block(comms, o.ready().map(|id| &ops[id as usize]), &tx_of, policy.deadline, &[])?,
+        }
     }
 }
 
@@ -749,26 +761,28 @@ pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(&[usize], &[usize])], comm: u
     (rx, tx)
 }
 
-/// Arm everything the ops wait on (their blocking peers, plus sends with unflushed data) and
-/// sleep until one is ready, or at most 500 ms so the deadline and abort are checked.
-pub(crate) fn block<C: DriveComm>(
+/// Arm everything the moving ops wait on (their blocking peers, plus sends in `tx_of[comm]` with
+/// unflushed data) and sleep until one is ready, or at most 500 ms so the deadline and abort
+/// are checked.
+pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
     comms: &[&C],
-    ops: &[OpRun<'_>],
-    uses: &[(&[usize], &[usize])],
+    moving: impl IntoIterator<Item = &'o OpRun<'m>>,
+    tx_of: &[Vec<usize>],
     deadline: Instant,
     extra: &[WaitSource],
 ) -> Result<()> {
     let mut sources: Vec<WaitSource> = comms.iter().map(|c| WaitSource::doorbell(c.abort_fd())).collect();
     sources.extend_from_slice(extra);
     let mut wanted: Vec<(usize, Blocked)> = vec![];
-    for o in ops.iter().filter(|o| !o.done()) {
-        if let Some(b) = o.blocked {
+    let mut any_op = false;
+    for o in moving {
+        any_op = true;
+        if let (false, Some(b)) = (o.done(), o.blocked) {
             wanted.push((o.comm, b));
         }
     }
-    for (ci, c) in comms.iter().enumerate() {
-        let (_, tx) = peers_of(ops, uses, ci);
-        for q in tx {
+    for (ci, (c, tx)) in comms.iter().zip(tx_of).enumerate() {
+        for &q in tx {
             if c.with_conns(|conns| conns.send[q].as_ref().is_some_and(|s| s.pending())) {
                 wanted.push((ci, Blocked::Send(q)));
             }
@@ -784,7 +798,7 @@ pub(crate) fn block<C: DriveComm>(
         )
     });
     wanted.dedup();
-    if wanted.is_empty() && !ops.is_empty() {
+    if wanted.is_empty() && any_op {
         // what the caller saw still in flight (a send being consumed) finished meanwhile:
         // there is nothing to sleep on, so let it look again
         return Ok(());
@@ -909,7 +923,10 @@ pub fn human_bytes(b: usize) -> String {
 
 pub(crate) fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Error {
     let mut parts = vec![];
-    for o in ops.iter().filter(|o| !o.done()) {
+    // the first unfinished ops are the ones that could move; the rest queue behind them
+    const NAMED: usize = 8;
+    let queued = ops.iter().filter(|o| !o.done()).count().saturating_sub(NAMED);
+    for o in ops.iter().filter(|o| !o.done()).take(NAMED) {
         let what = match o.blocked {
             Some(Blocked::Recv(p)) => format!("waiting for data from rank {p}"),
             Some(Blocked::Send(q)) => format!("waiting for rank {q} to drain its receive buffer"),
@@ -919,6 +936,9 @@ pub(crate) fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Erro
     }
     if parts.is_empty() {
         parts.push("all steps done, waiting for sends to flush".into());
+    }
+    if queued > 0 {
+        parts.push(format!("{queued} more operations queued behind these"));
     }
     let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
     let mut e = Error::new(ErrorKind::Timeout, format!("operation timed out (OXCCL_TIMEOUT): {}", parts.join("; ")))

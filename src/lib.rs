@@ -79,6 +79,7 @@ pub mod comm;
 pub mod config;
 pub mod launcher;
 pub mod log;
+mod order;
 mod progress;
 pub mod store;
 

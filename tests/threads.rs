@@ -337,6 +337,45 @@ fn non_blocking_requests_overlap_and_keep_order() {
 }
 
 #[test]
+fn thousands_of_queued_operations_keep_their_order() {
+    // MoE all-to-all and FSDP buckets queue thousands of operations at once: in one group, and
+    // on the progress thread across two communicators
+    let comms = Communicator::init_all_with_config(3, cfg()).unwrap();
+    on_all(comms, |c| {
+        let (n, r) = (c.size(), c.rank());
+        let twin = c.split(0, r as i32).unwrap().unwrap();
+        let k = 3000usize;
+        let sends: Vec<[u32; 2]> = (0..k).map(|i| [(i * 7 + r) as u32, r as u32]).collect();
+        let mut sums = vec![[0u32; 2]; k];
+        let mut got = vec![[0u32; 2]; k];
+        let mut g = Group::new();
+        for (a, b) in sends.iter().zip(sums.iter_mut()) {
+            g.all_reduce(c, a, b, ReduceOp::Sum).unwrap();
+        }
+        for (i, b) in got.iter_mut().enumerate() {
+            g.send(c, &sends[i], (r + 1) % n).unwrap();
+            g.recv(c, b, (r + n - 1) % n).unwrap();
+        }
+        g.run().unwrap();
+        let all: u32 = (0..n as u32).sum();
+        for i in 0..k {
+            assert_eq!(sums[i], [(i * 7 * n) as u32 + all, all], "all-reduce {i}");
+            let p = (r + n - 1) % n;
+            assert_eq!(got[i], [(i * 7 + p) as u32, p as u32], "message {i}");
+        }
+        let reqs: Vec<_> = (0..k)
+            .map(|i| {
+                let on = if i % 2 == 0 { c } else { &twin };
+                on.all_reduce_async(vec![(i + r) as u64; 3], ReduceOp::Sum).unwrap()
+            })
+            .collect();
+        for (i, q) in reqs.into_iter().enumerate() {
+            assert_eq!(q.wait().unwrap(), vec![(i * n) as u64 + all as u64; 3], "async {i}");
+        }
+    });
+}
+
+#[test]
 fn non_blocking_errors_are_reported_by_wait() {
     let mut cf = cfg();
     cf.timeout = Duration::from_millis(1500);
