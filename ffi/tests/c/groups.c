@@ -1,7 +1,7 @@
 /* Groups of send/recv forming a ring (nested groups), ncclCommInitAll with threads and with one
  * thread driving every communicator in a group, split (NOCOLOR gives NULL), non-blocking
  * communicators polled with ncclCommGetAsyncError, historic ncclConfig_t layouts, abort from
- * another thread, and the queries. */
+ * another thread, the queries, and a group of thousands of operations. */
 #include <pthread.h>
 #include <time.h>
 #include "common.h"
@@ -53,6 +53,21 @@ static void ring_body(int rank, int n, ncclUniqueId id) {
     CHECK(ncclGroupEnd());
     int from = (rank + n - 1) % n;
     for (size_t i = 0; i < c; i++) EXPECT(r[i] == from * 1000000 + (int)i + round, "ring element %zu", i);
+    free(s);
+    free(r);
+  }
+  PHASE("big group");
+  /* thousands of one-element all-reduces in one group (MoE and FSDP buckets do this): each
+   * operation's buffers are checked, each result exact */
+  {
+    enum { K = 5000 };
+    int* s = malloc(K * sizeof(int));
+    int* r = malloc(K * sizeof(int));
+    for (int i = 0; i < K; i++) s[i] = i * 3 + rank;
+    CHECK(ncclGroupStart());
+    for (int i = 0; i < K; i++) CHECK(ncclAllReduce(s + i, r + i, 1, ncclInt32, ncclSum, comm, NULL));
+    CHECK(ncclGroupEnd());
+    for (int i = 0; i < K; i++) EXPECT(r[i] == n * i * 3 + n * (n - 1) / 2, "big group element %d = %d", i, r[i]);
     free(s);
     free(r);
   }
