@@ -159,10 +159,15 @@ pub fn host_id(cfg: &Config) -> u64 {
     u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().unwrap())
 }
 
-/// Kernel identity: a hash of the boot id (shared by every network namespace of one machine).
+/// Kernel identity: a hash of the boot id and the pid namespace, the scope in which a process id
+/// names one process. Every network namespace of one machine shares it; containers with their
+/// own pid namespaces (two pods of a job on one node) do not, so nobody reads a peer's pid in
+/// the wrong namespace.
 pub fn machine_id() -> u64 {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    u64::from_le_bytes(blake3::hash(format!("machine:{}", boot.trim()).as_bytes()).as_bytes()[..8].try_into().unwrap())
+    let pidns = std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default();
+    let key = format!("machine:{}:{pidns}", boot.trim());
+    u64::from_le_bytes(blake3::hash(key.as_bytes()).as_bytes()[..8].try_into().unwrap())
 }
 
 /// This host's name.

@@ -88,7 +88,8 @@ impl Transport for ShmTransport {
     }
 
     fn can_connect(&self, me: &PeerInfo, peer: &PeerInfo) -> bool {
-        me.host_id == peer.host_id
+        // the segment is opened through /proc/<pid>: the peer's pid must mean the same here
+        me.host_id == peer.host_id && me.machine == peer.machine
     }
 
     fn setup_recv(&self, peer: usize) -> Result<(Box<dyn PendingRecv>, Vec<u8>)> {
