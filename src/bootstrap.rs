@@ -477,15 +477,32 @@ fn wait_for_peers(
 }
 
 /// The records of the ranks that joined so far, each fetched from the store once while the
-/// others are awaited: (rank count it was started with, pid if it runs on this machine).
+/// others are awaited: the rank count it was started with, and how to tell whether it is alive.
 struct Joined {
-    records: Vec<Option<(usize, Option<u32>)>>,
+    records: Vec<Option<(usize, Alive)>>,
     machine: u64,
+    /// Where the round of beacon probes stopped (a few ranks per slice, not all).
+    next_probe: usize,
 }
+
+/// How to tell whether a joined rank is still there.
+#[derive(Clone)]
+enum Alive {
+    /// On this machine: its pid.
+    Pid(u32),
+    /// On another: its beacon, and what the probes saw so far.
+    Beacon(IpAddr, u16, String, crate::beacon::Watch),
+    /// A record that could not be read: only the timeout tells.
+    Unknown,
+}
+
+/// Beacons probed per wait slice (a second): a job of n ranks notices a remote death among the
+/// joined within about n / 4 s, and a waiting rank makes at most 4 connections a second.
+const PROBES_PER_SLICE: usize = 4;
 
 impl Joined {
     fn new(nranks: usize) -> Joined {
-        Joined { records: vec![None; nranks], machine: machine_id() }
+        Joined { records: vec![None; nranks], machine: machine_id(), next_probe: 0 }
     }
 
     /// Fetch the records published since the last call.
@@ -496,27 +513,45 @@ impl Joined {
             }
             let Ok(v) = store.get(k, Duration::from_secs(1)) else { continue };
             let Ok((n, rest)) = split_record(&v, r) else { continue };
-            let local = PeerInfo::decode(rest).ok().filter(|p| p.machine == self.machine).map(|p| p.pid);
-            self.records[r] = Some((n, local));
+            let alive = match PeerInfo::decode(rest) {
+                Ok(p) if p.machine == self.machine => Alive::Pid(p.pid),
+                Ok(p) => Alive::Beacon(p.ip, p.beacon, p.hostname, Default::default()),
+                Err(_) => Alive::Unknown,
+            };
+            self.records[r] = Some((n, alive));
         }
     }
 
     /// The rank count rank `r` was started with, once its record arrived.
     fn nranks_of(&self, r: usize) -> Option<usize> {
-        self.records[r].map(|(n, _)| n)
+        self.records[r].as_ref().map(|(n, _)| *n)
     }
 
-    /// A rank on this machine that joined and whose process is gone since: it will never
-    /// finish init.
-    fn dead(&self, me: usize) -> Option<Error> {
-        self.records.iter().enumerate().find_map(|(r, rec)| {
-            let pid = (*rec)?.1?;
-            (!oxccl_transport::process_alive(pid)).then(|| {
-                Error::remote(format!("init: rank {r} (pid {pid}) died after joining: its process is gone"))
-                    .with_rank(me)
-                    .with_peer(r)
-            })
-        })
+    /// A rank that joined and is gone since (its process on this machine, its beacon on
+    /// another): it will never finish init.
+    fn dead(&mut self, me: usize) -> Option<Error> {
+        let died = |r: usize, how: String| {
+            Error::remote(format!("init: rank {r} {how}, after joining")).with_rank(me).with_peer(r)
+        };
+        let mut probes = 0;
+        let n = self.records.len();
+        for i in 0..n {
+            let r = (self.next_probe + i) % n;
+            match self.records[r].as_mut().map(|x| &mut x.1) {
+                Some(Alive::Pid(pid)) if !oxccl_transport::process_alive(*pid) => {
+                    return Some(died(r, format!("(pid {pid}) died: its process is gone")))
+                }
+                Some(Alive::Beacon(ip, port, host, watch)) if probes < PROBES_PER_SLICE => {
+                    probes += 1;
+                    self.next_probe = r + 1;
+                    if let Some(why) = watch.check(*ip, *port) {
+                        return Some(died(r, format!("on {host} ({ip}) {why}")));
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
     }
 }
 

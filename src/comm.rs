@@ -250,6 +250,7 @@ impl Communicator {
             machine: bootstrap::machine_id(),
             hostname: bootstrap::hostname(),
             ip,
+            beacon: crate::beacon::port(ip),
         };
         let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout, cfg.wait_report)
         {
@@ -887,6 +888,7 @@ impl Shared {
     fn wait_key(&self, key: &str, deadline: Instant, peer: usize, doing: Option<&(u64, String)>) -> Result<Vec<u8>> {
         let started = Instant::now();
         let mut next_report = self.cfg.wait_report.map(|r| started + r);
+        let mut watch = crate::beacon::Watch::default();
         loop {
             let now = Instant::now();
             if next_report.is_some_and(|t| now >= t) {
@@ -920,6 +922,18 @@ impl Shared {
             match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
                 Ok(v) => return Ok(v),
                 Err(e) if e.kind == crate::ErrorKind::Timeout && !left.is_zero() => {
+                    // a peer on another machine: its beacon says whether it is still there
+                    if p.machine != self.peers[self.rank].machine {
+                        if let Some(why) = watch.check(p.ip, p.beacon) {
+                            let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
+                            return Err(Error::remote(format!(
+                                "connection setup: rank {peer} on {} ({}) {why}, before connecting (for {what})",
+                                p.hostname, p.ip
+                            ))
+                            .with_rank(self.rank)
+                            .with_peer(peer));
+                        }
+                    }
                     if let Some((seq, what)) = doing {
                         let k = format!("{}/doing/{peer}", self.prefix);
                         if self.store.check(std::slice::from_ref(&k)).unwrap_or(false) {

@@ -131,19 +131,22 @@ pub struct PeerInfo {
     pub hostname: String,
     /// IP address data connections to this rank should use.
     pub ip: std::net::IpAddr,
+    /// TCP port on `ip` of the process's liveness beacon (0: none), which peers on other
+    /// machines probe while they wait for this rank outside a data connection.
+    pub beacon: u16,
 }
 
 impl PeerInfo {
     /// Encode as bytes for the bootstrap store.
     pub fn encode(&self) -> Vec<u8> {
-        format!("{}\t{}\t{}\t{}\t{}\t{}", self.rank, self.host_id, self.pid, self.machine, self.ip, self.hostname)
-            .into_bytes()
+        let (r, h, p, m) = (self.rank, self.host_id, self.pid, self.machine);
+        format!("{r}\t{h}\t{p}\t{m}\t{}\t{}\t{}", self.ip, self.beacon, self.hostname).into_bytes()
     }
     /// Decode what [`PeerInfo::encode`] wrote.
     pub fn decode(b: &[u8]) -> Result<PeerInfo> {
         let bad = || Error::remote("malformed peer info in the bootstrap store");
         let s = std::str::from_utf8(b).map_err(|_| bad())?;
-        let mut it = s.splitn(6, '\t');
+        let mut it = s.splitn(7, '\t');
         let mut next = || it.next().ok_or_else(bad);
         Ok(PeerInfo {
             rank: next()?.parse().map_err(|_| bad())?,
@@ -151,6 +154,7 @@ impl PeerInfo {
             pid: next()?.parse().map_err(|_| bad())?,
             machine: next()?.parse().map_err(|_| bad())?,
             ip: next()?.parse().map_err(|_| bad())?,
+            beacon: next()?.parse().map_err(|_| bad())?,
             hostname: next()?.to_string(),
         })
     }
@@ -358,6 +362,7 @@ mod tests {
             machine: 7,
             hostname: "a\tb".into(),
             ip: "10.0.0.1".parse().unwrap(),
+            beacon: 4242,
         };
         assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
         assert!(PeerInfo::decode(b"x\ty").is_err());
