@@ -244,17 +244,41 @@ pub fn connect_with_hello(
     Ok(s)
 }
 
+/// A peer's host that stops answering is noticed by the kernel: idle connections send a
+/// keepalive probe after this many seconds, then one a second, and give up after this many
+/// unanswered (2 + 3 s); data left unacknowledged this long fails the connection too. Either
+/// way the next read or write reports `ETIMEDOUT`. (A stopped or busy process does not trip
+/// them: its kernel still answers.)
+const KEEPALIVE_IDLE_S: u32 = 2;
+const KEEPALIVE_PROBES: u32 = 3;
+const UNACKED_LIMIT_MS: u32 = 10_000;
+
 fn configure(s: &TcpStream, buffer: Option<usize>) -> Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
     s.set_nodelay(true)
         .and_then(|_| s.set_nonblocking(true))
         .map_err(|e| Error::system("configuring a data socket", &e))?;
+    setsockopt(s, sockopt::KeepAlive, &true)
+        .and_then(|_| setsockopt(s, sockopt::TcpKeepIdle, &KEEPALIVE_IDLE_S))
+        .and_then(|_| setsockopt(s, sockopt::TcpKeepInterval, &1))
+        .and_then(|_| setsockopt(s, sockopt::TcpKeepCount, &KEEPALIVE_PROBES))
+        .and_then(|_| setsockopt(s, sockopt::TcpUserTimeout, &UNACKED_LIMIT_MS))
+        .map_err(|e| Error::system("setting keepalive on a data socket", &std::io::Error::from(e)))?;
     if let Some(b) = buffer {
-        use nix::sys::socket::{setsockopt, sockopt};
         setsockopt(s, sockopt::SndBuf, &b)
             .and_then(|_| setsockopt(s, sockopt::RcvBuf, &b))
             .map_err(|e| Error::system(format!("setting {b}-byte socket buffers"), &std::io::Error::from(e)))?;
     }
     Ok(())
+}
+
+/// What a failed read or write on a data connection says about the peer.
+fn lost_how(e: &std::io::Error) -> &'static str {
+    if e.kind() == IoKind::TimedOut {
+        "its host stopped answering: no TCP acknowledgement or keepalive reply for seconds"
+    } else {
+        "process died or connection reset"
+    }
 }
 
 /// Slots of each of `lanes` lanes sharing `slots`: at least 2 each.
@@ -437,11 +461,9 @@ impl SendConn for TcpSend {
                 Err(e) if e.kind() == IoKind::WouldBlock => break,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => {
-                    let mut err = Error::system(
-                        format!("rank {} is unreachable (process died or connection reset); TCP send", self.peer),
-                        &e,
-                    )
-                    .with_peer(self.peer);
+                    let mut err =
+                        Error::system(format!("rank {} is unreachable ({}); TCP send", self.peer, lost_how(&e)), &e)
+                            .with_peer(self.peer);
                     err.kind = oxccl_transport::ErrorKind::Remote;
                     return Err(err);
                 }
@@ -613,11 +635,9 @@ impl TcpRecv {
                 Err(e) if e.kind() == IoKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => {
-                    let mut err = Error::system(
-                        format!("rank {} is unreachable (process died or connection reset); TCP receive", self.peer),
-                        &e,
-                    )
-                    .with_peer(self.peer);
+                    let mut err =
+                        Error::system(format!("rank {} is unreachable ({}); TCP receive", self.peer, lost_how(&e)), &e)
+                            .with_peer(self.peer);
                     err.kind = oxccl_transport::ErrorKind::Remote;
                     return Err(err);
                 }
