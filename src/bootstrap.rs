@@ -120,6 +120,19 @@ impl UniqueId {
         self.0[56..64].try_into().unwrap()
     }
 
+    /// Tell the ranks of this id's job that are still in init that a rank failed (a launcher
+    /// that saw a rank's process die calls this): they fail at once with `why` instead of
+    /// waiting until the timeout for a rank that will never join. Ranks past init do not read
+    /// it (they notice a dead peer themselves). The first report stands.
+    pub fn report_failure(&self, why: &str) -> Result<()> {
+        let store = TcpStore::connect(self.addr()?, Some(self.secret()), Duration::from_secs(2))?;
+        let key = format!("{}/init-failed", job_prefix(&self.job()));
+        if !store.check(std::slice::from_ref(&key))? {
+            store.set(&key, why.as_bytes())?;
+        }
+        Ok(())
+    }
+
     /// Lower-case hex (256 characters), for `OXCCL_UNIQUE_ID`.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
@@ -202,6 +215,11 @@ pub struct Rendezvous {
     pub root_ip: Option<IpAddr>,
 }
 
+/// The store key prefix of the job of a unique id.
+fn job_prefix(job: &[u8; 8]) -> String {
+    format!("oxccl/{}", job.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
 /// Rendezvous through a unique id.
 pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
     let addr = id.addr()?;
@@ -217,7 +235,7 @@ pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
     let store = TcpStore::connect(addr, Some(id.secret()), cfg.timeout)?;
     Ok(Rendezvous {
         store: Arc::new(store),
-        prefix: format!("oxccl/{}", job.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        prefix: job_prefix(&job),
         secret: id.secret(),
         server,
         root_ip: Some(addr.ip()),

@@ -334,6 +334,32 @@ fn init_names_the_ranks_that_never_joined() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
+#[test]
+fn a_launchers_report_of_a_dead_rank_ends_the_others_init_at_once() {
+    // a rank killed before it reached the store is invisible to the others: its launcher saw it
+    // die and says so through the id (oxccl-perf does; UniqueId::report_failure)
+    let cf =
+        oxccl::Config { timeout: Duration::from_secs(120), socket_ifname: Some("lo".into()), ..Default::default() };
+    let id = oxccl::UniqueId::with_config(&cf).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let cf = cf.clone();
+                s.spawn(move || Communicator::init_with_config(&id, 3, r, cf))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        id.report_failure("rank 2 (pid 4242) died: its process exited with signal: 9 (SIGKILL), as the launcher saw")
+            .unwrap();
+        for h in hs {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.to_string().contains("rank 2 (pid 4242) died"), "{e}");
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
 fn unix_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
 }

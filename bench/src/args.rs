@@ -18,6 +18,7 @@ pub struct Opts {
     pub np: Option<usize>,
     pub hosts: usize,
     pub netns: Vec<String>,
+    pub pidns: bool,
     pub list: Vec<usize>,
     pub bound: bool,
     pub algo: Option<String>,
@@ -96,6 +97,8 @@ ranks (local launch):
   --np N                 N local ranks                                  default 2
   --hosts H              spread them over H host ids (shared memory inside, TCP between)  default 1
   --netns NS1,NS2,...    run them in these network namespaces, as separate hosts (root)
+  --pidns                with --netns, one rank per namespace, each in its own pid namespace too
+                         (no rank can see another's process, as on separate machines)
 other:
   -h, --help             this help
   --version              the version
@@ -147,6 +150,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         np: None,
         hosts: 1,
         netns: vec![],
+        pidns: false,
         list: vec![],
         bound: false,
         algo: None,
@@ -226,6 +230,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--np" => o.np = Some(val()?.parse().map_err(|_| "bad --np")?),
             "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
             "--netns" => o.netns = val()?.split(',').map(String::from).filter(|s| !s.is_empty()).collect(),
+            "--pidns" => o.pidns = true,
             "-a" | "--average" => {
                 o.average = val()?.parse().ok().filter(|a| *a <= 3).ok_or("-a takes 0, 1, 2 or 3")?;
             }

@@ -63,8 +63,17 @@ impl Stderr {
 /// Launch `np` local ranks of this program and wait for them.
 ///
 /// With `netns`, rank r runs in namespace `netns[r * k / np]` (`ip netns exec`), as its own host:
-/// its host id is the namespace name and it uses the namespace's `eth0`.
-pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> ExitCode {
+/// its host id is the namespace name and it uses the namespace's `eth0`. With `pidns` as well,
+/// each rank (one per namespace) also gets its own pid namespace (`unshare --pid --fork`).
+///
+/// A rank that dies (a signal, or a failing exit) is reported to the ranks still in init through
+/// the id's store ([`UniqueId::report_failure`]): they fail at once with the cause instead of
+/// waiting for a rank that will never join.
+pub fn launch(np: usize, hosts: usize, (netns, pidns): (&[String], bool), args: &[String]) -> ExitCode {
+    if pidns && netns.len() != np {
+        eprintln!("oxccl-perf: --pidns needs --netns with one namespace per rank ({np} ranks)");
+        return ExitCode::FAILURE;
+    }
     let id = match UniqueId::new() {
         Ok(id) => id,
         Err(e) => {
@@ -77,6 +86,10 @@ pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> Exi
         let mut v = vec![];
         let mut i = 0;
         while i < args.len() {
+            if args[i] == "--pidns" {
+                i += 1;
+                continue;
+            }
             if args[i] == "--np" || args[i] == "--hosts" || args[i] == "--netns" {
                 i += 2;
                 continue;
@@ -99,7 +112,11 @@ pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> Exi
         } else {
             let ns = &netns[r * netns.len() / np];
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(&exe);
+            c.args(["netns", "exec", ns]);
+            if pidns {
+                c.args(["unshare", "--pid", "--fork", "--kill-child"]);
+            }
+            c.arg(&exe);
             c.env("OXCCL_HOSTID", format!("netns-{ns}")).env("OXCCL_SOCKET_IFNAME", "eth0");
             c
         };
@@ -131,21 +148,34 @@ pub fn launch(np: usize, hosts: usize, netns: &[String], args: &[String]) -> Exi
             }
         }
     }
-    // exit statuses, grouped: "ranks [0, 1, 2] exited with exit status: 1"
-    let mut exits: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    // exit statuses, grouped: "ranks [0, 1, 2] exited with exit status: 1"; a rank that dies
+    // is reported to the others as soon as it does
+    let (tx, rx) = std::sync::mpsc::channel();
     for (r, mut ch) in children.into_iter().enumerate() {
-        match ch.wait() {
-            Ok(s) if s.success() => {}
-            Ok(s) => exits.entry(format!("exited with {s}")).or_default().push(r),
-            Err(e) => exits.entry(format!("could not be waited for: {e}")).or_default().push(r),
-        }
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let pid = ch.id();
+            let _ = tx.send((r, pid, ch.wait()));
+        });
+    }
+    drop(tx);
+    let mut exits: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (r, pid, status) in rx {
+        let what = match status {
+            Ok(s) if s.success() => continue,
+            Ok(s) => format!("exited with {s}"),
+            Err(e) => format!("could not be waited for: {e}"),
+        };
+        let _ = id.report_failure(&format!("rank {r} (pid {pid}) died: its process {what}, as the launcher saw"));
+        exits.entry(what).or_default().push(r);
     }
     for h in readers {
         let _ = h.join();
     }
     stderr.summary();
     let ok = exits.is_empty();
-    for (what, ranks) in exits {
+    for (what, mut ranks) in exits {
+        ranks.sort_unstable();
         match ranks.as_slice() {
             [r] => eprintln!("oxccl-perf: rank {r} {what}"),
             rs => eprintln!("oxccl-perf: ranks {rs:?} {what}"),

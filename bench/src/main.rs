@@ -671,7 +671,7 @@ fn main() -> ExitCode {
             std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
         }
         warn();
-        return launch(o.np.unwrap_or(2), o.hosts, &o.netns, &args);
+        return launch(o.np.unwrap_or(2), o.hosts, (&o.netns, o.pidns), &args);
     }
     if let Some(a) = &o.algo {
         std::env::set_var("OXCCL_ALGO", a);

@@ -156,9 +156,74 @@ fn killed_rank_over_libfabric_is_named() {
     eprintln!("killed rank detected after {:?}: {}", elapsed, err.lines().next().unwrap_or(""));
 }
 
+/// A namespace host killed (every process in it, `kill -9`) at a random moment: before it joins,
+/// in init, in connection setup (the lazy setup of an algorithm or peer set first used mid-run
+/// included: the sizes sweep through recursive doubling, Rabenseifner and ring) or in an
+/// operation. Every rank has its own pid namespace (`--pidns`), so no survivor can see the dead
+/// process: its beacon, its TCP connections, or the launcher tell. Under the default 600 s
+/// timeout every survivor fails within 5 s, naming the dead rank and the phase.
+#[test]
+#[ignore = "needs root and network namespaces (run by .ci/run)"]
+fn a_host_killed_at_a_random_moment_is_named_within_seconds() {
+    use std::time::{Duration, Instant};
+    let _h = Hosts::up(4);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
+    let mut rnd = |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    let mut phases = std::collections::BTreeSet::new();
+    for trial in 0..8 {
+        let delay = Duration::from_millis(if trial == 0 { 0 } else { rnd(3000) });
+        let victim = 1 + rnd(3) as usize;
+        let child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+            .args(["--np", "4", "--netns", "cclt-h1,cclt-h2,cclt-h3,cclt-h4", "--pidns"])
+            .args(["-b", "1K", "-e", "16M", "-n", "30", "-c", "1"])
+            .env("OXCCL_SOCKET_IFNAME", "cclt-br0")
+            .env_remove("OXCCL_TIMEOUT")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let host = format!("cclt-h{}", victim + 1);
+        let t = Instant::now();
+        let pids = loop {
+            let out = Command::new("ip").args(["netns", "pids", &host]).output().unwrap();
+            let pids = String::from_utf8_lossy(&out.stdout).to_string();
+            if !pids.trim().is_empty() || t.elapsed() > Duration::from_secs(5) {
+                break pids;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(!pids.trim().is_empty(), "no rank process in {host}");
+        std::thread::sleep(delay.saturating_sub(t.elapsed()));
+        for pid in Command::new("ip").args(["netns", "pids", &host]).output().unwrap().stdout.split(|&b| b == b'\n') {
+            let pid = String::from_utf8_lossy(pid);
+            if !pid.trim().is_empty() {
+                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+            }
+        }
+        let killed = Instant::now();
+        let (_, err) = wait_failure(child, Duration::from_secs(60), &format!("kill of {host} at {delay:?}"));
+        let took = killed.elapsed();
+        assert!(took < Duration::from_secs(5), "kill of rank {victim} at {delay:?}: survivors took {took:?}\n{err}");
+        assert!(err.contains(&format!("rank {victim} ")) && err.contains("died"), "kill at {delay:?}: {err}");
+        let phase = ["init", "connection setup:", "allreduce("].into_iter().find(|p| err.contains(p));
+        assert!(phase.is_some(), "kill at {delay:?}: no phase named:\n{err}");
+        phases.insert(phase.unwrap());
+        let first = err.lines().find(|l| l.contains("died")).unwrap_or("");
+        eprintln!("rank {victim} killed at {delay:?}, survivors failed {took:?} later: {first}");
+    }
+    eprintln!("phases seen: {phases:?}");
+}
+
 /// A namespace host's link goes down (or its packets are dropped by nftables) in the middle of a
-/// run of all-reduces: with OXCCL_TIMEOUT=5 the job must end in an error well within the
-/// timeout plus reporting time, never hang.
+/// run of all-reduces: the job must end in an error, never hang. Over oxccl's TCP under the
+/// default 600 s timeout: the kernel's keepalive and unacknowledged-data limits (5 s idle, 10 s
+/// with data in flight) name the host that stopped answering. Over libfabric, whose sockets are
+/// the provider's, with OXCCL_TIMEOUT=5.
 #[test]
 #[ignore = "needs root and network namespaces (run by .ci/run)"]
 fn link_failure_becomes_an_error_not_a_hang() {
@@ -180,7 +245,7 @@ fn link_failure_becomes_an_error_not_a_hang() {
             .env("OXCCL_NET", net)
             .env("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")
             .env("OXCCL_SOCKET_IFNAME", "cclt-br0")
-            .env("OXCCL_TIMEOUT", "5")
+            .env("OXCCL_TIMEOUT", if net == "ofi" { "5" } else { "600" })
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -189,7 +254,10 @@ fn link_failure_becomes_an_error_not_a_hang() {
         let s = Command::new("ip").args(["netns", "exec", "cclt-h2"]).args(fault).status().unwrap();
         assert!(s.success(), "injecting {fault:?}");
         let (elapsed, err) = wait_failure(child, Duration::from_secs(30), &format!("{net} {fault:?}"));
-        assert!(elapsed < Duration::from_secs(15), "{net} {fault:?}: took {elapsed:?}");
+        assert!(elapsed < Duration::from_secs(20), "{net} {fault:?}: took {elapsed:?}");
+        if net == "socket" {
+            assert!(err.contains("stopped answering"), "{net} {fault:?}: the host that stopped answering: {err}");
+        }
         assert!(
             err.contains("timed out") || err.contains("unreachable") || err.contains("rank"),
             "{net} {fault:?}: {err}"
