@@ -13,8 +13,9 @@
 //!
 //! The beacon sends and reads nothing, so a stranger who connects learns only that it exists.
 
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Mutex;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a peer's beacon may stay silent (no answer at all) before it is declared unreachable.
@@ -23,33 +24,62 @@ pub const SILENT_LIMIT: Duration = Duration::from_secs(3);
 /// How long one probe waits for the connection to be answered.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// This process's beacon: (fork generation, address family, port).
-static BEACON: Mutex<Vec<(u64, bool, u16)>> = Mutex::new(Vec::new());
+/// This process's beacons: (fork generation, the beacon while a communicator holds it).
+static BEACONS: Mutex<Vec<(u64, Weak<Beacon>)>> = Mutex::new(Vec::new());
 
-/// The port of this process's beacon for addresses of `ip`'s family, started on first use (and
-/// again in a fork child, which has no accepting thread). 0 when it cannot be started: peers
-/// then fall back to the timeout, as before.
-pub fn port(ip: IpAddr) -> u16 {
-    let v6 = ip.is_ipv6();
-    let gen = crate::fork_generation();
-    let mut g = BEACON.lock().unwrap_or_else(|e| e.into_inner());
-    g.retain(|&(gn, _, _)| gn == gen);
-    if let Some(&(_, _, p)) = g.iter().find(|b| b.1 == v6) {
-        return p;
-    }
-    let any: IpAddr = if v6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
-    let Ok(l) = TcpListener::bind(SocketAddr::new(any, 0)) else { return 0 };
-    let Ok(p) = l.local_addr().map(|a| a.port()) else { return 0 };
-    let started = std::thread::Builder::new().name("oxccl-beacon".into()).spawn(move || {
-        for s in l.incoming() {
-            drop(s);
+/// A running beacon. Communicators hold it; the last one to go stops it (its thread and port are
+/// gone after the last destroy, like every other resource of a communicator).
+#[derive(Debug)]
+pub struct Beacon {
+    /// Its port on every address of the family of `ip`.
+    pub port: u16,
+    ip: IpAddr,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Beacon {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // wake the accepting thread, which sees the flag and exits, closing the port (joined,
+        // so the port is closed when this returns; not if it could not be woken)
+        let woke = TcpStream::connect_timeout(&SocketAddr::new(self.ip, self.port), PROBE_TIMEOUT).is_ok();
+        let t = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let (true, Some(t)) = (woke, t) {
+            let _ = t.join();
         }
-    });
-    if started.is_err() {
-        return 0;
     }
-    g.push((gen, v6, p));
-    p
+}
+
+/// This process's beacon for addresses of `ip`'s family, started if no communicator holds one
+/// (and in a fork child, which has no accepting thread). `None` when it cannot be started:
+/// peers then fall back to the timeout, as before.
+pub fn start(ip: IpAddr) -> Option<Arc<Beacon>> {
+    let gen = crate::fork_generation();
+    let mut g = BEACONS.lock().unwrap_or_else(|e| e.into_inner());
+    g.retain(|(gn, w)| *gn == gen && w.strong_count() > 0);
+    if let Some(b) = g.iter().filter_map(|(_, w)| w.upgrade()).find(|b| b.ip.is_ipv6() == ip.is_ipv6()) {
+        return Some(b);
+    }
+    let any: IpAddr = if ip.is_ipv6() { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
+    let l = TcpListener::bind(SocketAddr::new(any, 0)).ok()?;
+    let port = l.local_addr().ok()?.port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("oxccl-beacon".into())
+        .spawn(move || {
+            for s in l.incoming() {
+                if flag.load(Ordering::SeqCst) {
+                    break;
+                }
+                drop(s);
+            }
+        })
+        .ok()?;
+    let b = Arc::new(Beacon { port, ip, stop, thread: Mutex::new(Some(thread)) });
+    g.push((gen, Arc::downgrade(&b)));
+    Some(b)
 }
 
 /// What one probe of a peer's beacon found.
@@ -116,17 +146,20 @@ mod tests {
     #[test]
     fn a_live_beacon_answers_and_a_closed_port_is_gone() {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        let p = port(lo);
-        assert_ne!(p, 0);
-        assert_eq!(port(lo), p, "one beacon per process");
+        let b = start(lo).unwrap();
+        let p = b.port;
+        assert_eq!(start(lo).unwrap().port, p, "one beacon per process while one is held");
         for _ in 0..50 {
             assert_eq!(probe(lo, p), Probe::Alive);
         }
+        drop(b);
+        assert_eq!(probe(lo, p), Probe::Gone, "the last holder stops it");
         // a port nobody listens on any more
         let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         assert_eq!(probe(lo, gone), Probe::Gone);
         assert!(Watch::default().check(lo, gone).unwrap().contains("died"));
-        assert_eq!(Watch::default().check(lo, p), None);
+        let live = start(lo).unwrap();
+        assert_eq!(Watch::default().check(lo, live.port), None);
         assert_eq!(probe(lo, 0), Probe::Alive, "no beacon: never probed");
     }
 

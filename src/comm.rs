@@ -94,13 +94,22 @@ pub(crate) struct Shared {
     cfg: Config,
     store: Arc<dyn Store>,
     secret: [u8; 32],
-    server: Option<Arc<StoreServer>>,
+    held: Held,
     state: Mutex<State>,
     aborted: AtomicBool,
     abort_bell: Doorbell,
     busy: AtomicBool,
     pub(crate) async_pending: Mutex<usize>,
     pub(crate) async_cv: Condvar,
+}
+
+/// What a communicator keeps running for as long as it exists: the store server of its id (when
+/// this process made the id), and this process's liveness beacon.
+#[derive(Clone, Default)]
+struct Held {
+    // (held for their `Drop`: never read)
+    _server: Option<Arc<StoreServer>>,
+    _beacon: Option<Arc<crate::beacon::Beacon>>,
 }
 
 impl Drop for Shared {
@@ -243,6 +252,7 @@ impl Communicator {
         let _scope = crate::log::RankScope::new(rank);
         let t0 = Instant::now();
         let ip = bootstrap::choose_ip(cfg.socket_ifname.as_deref(), rdv.root_ip).map_err(|e| e.with_rank(rank))?;
+        let beacon = crate::beacon::start(ip);
         let me = PeerInfo {
             rank,
             host_id: bootstrap::host_id(&cfg),
@@ -250,7 +260,7 @@ impl Communicator {
             machine: bootstrap::machine_id(),
             hostname: bootstrap::hostname(),
             ip,
-            beacon: crate::beacon::port(ip),
+            beacon: beacon.as_ref().map_or(0, |b| b.port),
         };
         let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout, cfg.wait_report)
         {
@@ -274,7 +284,8 @@ impl Communicator {
                 return Err(e);
             }
         };
-        let c = Self::assemble(rdv.store, rdv.prefix, rdv.secret, rdv.server, rank, peers, cfg)?;
+        let held = Held { _server: rdv.server, _beacon: beacon };
+        let c = Self::assemble(rdv.store, rdv.prefix, rdv.secret, held, rank, peers, cfg)?;
         tracing::info!(rank, "communicator of {nranks} ranks ready in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
         Ok(c)
     }
@@ -283,7 +294,7 @@ impl Communicator {
         store: Arc<dyn Store>,
         prefix: String,
         secret: [u8; 32],
-        server: Option<Arc<StoreServer>>,
+        held: Held,
         rank: usize,
         peers: Vec<PeerInfo>,
         cfg: Config,
@@ -360,7 +371,7 @@ impl Communicator {
                 cfg,
                 store,
                 secret,
-                server,
+                held,
                 state: Mutex::new(State {
                     conns: Conns::new(nranks),
                     shm,
@@ -420,7 +431,7 @@ impl Communicator {
             sh.store.clone(),
             format!("{base}/c{color}"),
             sh.secret,
-            sh.server.clone(),
+            sh.held.clone(),
             rank,
             peers,
             sh.cfg.clone(),

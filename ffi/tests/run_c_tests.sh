@@ -37,6 +37,8 @@ run_all() {
   "$OUT/groups$SUFFIX" 4
   "$OUT/badargs$SUFFIX"
   "$OUT/collconfig$SUFFIX" 3
+  "$OUT/lifetimes$SUFFIX" 3
+  NCCL_SHM_DISABLE=1 "$OUT/lifetimes$SUFFIX" 2
   # fork: no Rust panic may reach stderr (it did, from a store server adopted across fork).
   # Not under AddressSanitizer: its allocator is not fork-safe while other threads allocate
   # (a child can inherit its lock held and deadlock); Valgrind runs it below.
@@ -45,7 +47,7 @@ run_all() {
     if grep -E "panicked|should not terminate|failed to join" "$OUT/fork.err"; then exit 1; fi
   fi
 }
-TESTS=(colls groups badargs collconfig fork)
+TESTS=(colls groups badargs collconfig fork lifetimes)
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 SUFFIX="" ; for t in "${TESTS[@]}"; do build $t; done
 echo "== C tests"; run_all
