@@ -101,6 +101,8 @@ pub(crate) struct Shared {
     busy: AtomicBool,
     pub(crate) async_pending: Mutex<usize>,
     pub(crate) async_cv: Condvar,
+    /// The collective whose timeout census began, and when ([`DriveComm::near_deadline`]).
+    census_mark: Mutex<Option<(u64, Instant)>>,
 }
 
 /// What a communicator keeps running for as long as it exists: the store server of its id (when
@@ -131,6 +133,13 @@ impl DriveComm for Shared {
     }
     fn aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
+    }
+    fn near_deadline(&self, seq: u64) {
+        *self.census_mark.lock().unwrap() = Some((seq, Instant::now()));
+        let (store, key) = (self.store.clone(), format!("{}/reached/{seq}/{}", self.prefix, self.rank));
+        let _ = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
+            let _ = store.set(&key, b"1");
+        });
     }
     fn abort_fd(&self) -> i32 {
         self.abort_bell.read_fd()
@@ -390,6 +399,7 @@ impl Communicator {
                 busy: AtomicBool::new(false),
                 async_pending: Mutex::new(0),
                 async_cv: Condvar::new(),
+                census_mark: Mutex::new(None),
             }),
         })
     }
@@ -1196,14 +1206,19 @@ impl Shared {
         let store = self.store.clone();
         let (me, n) = (self.rank, self.nranks);
         let prefix_keys: Vec<String> = (0..n).map(key).collect();
+        // begun a second before the deadline, the census is complete at it; otherwise this rank
+        // marks now and gives the others a second
+        let begun = self.census_mark.lock().unwrap().filter(|m| m.0 == seq).map(|m| m.1);
+        let until = begun.unwrap_or_else(Instant::now) + crate::exec::CENSUS_LEAD;
         let (tx, rx) = std::sync::mpsc::channel();
         let _ = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
-            let _ = store.set(&prefix_keys[me], b"1");
-            let t = Instant::now();
+            if begun.is_none() {
+                let _ = store.set(&prefix_keys[me], b"1");
+            }
             let mut missing: Vec<usize> = (0..n).collect();
-            while t.elapsed() < std::time::Duration::from_secs(1) {
+            loop {
                 missing.retain(|&r| !store.check(std::slice::from_ref(&prefix_keys[r])).unwrap_or(false));
-                if missing.is_empty() {
+                if missing.is_empty() || Instant::now() >= until {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(50));

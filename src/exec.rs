@@ -600,7 +600,14 @@ pub trait DriveComm {
     fn abort_fd(&self) -> i32;
     /// The rank, for messages.
     fn rank(&self) -> usize;
+    /// Collective `seq` has waited long and is within [`CENSUS_LEAD`] of its deadline: the
+    /// timeout census may begin, so that it is complete at the deadline.
+    fn near_deadline(&self, _seq: u64) {}
 }
+
+/// How long before a deadline the timeout census begins (each rank marks the operation it is
+/// in, so that at the deadline every rank can read who reached it, without waiting more).
+pub const CENSUS_LEAD: Duration = Duration::from_secs(1);
 
 /// Progress policy.
 #[derive(Debug, Clone, Copy)]
@@ -665,6 +672,7 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
     let mut idle_since: Option<Instant> = None;
     let started = policy.started;
     let mut next_report = policy.report.map(|r| started + r);
+    let mut census_begun = false;
     loop {
         let mut progressed = false;
         let all_done = match order.as_mut() {
@@ -726,6 +734,13 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         let since = *idle_since.get_or_insert(now);
         if now >= policy.deadline {
             return Err(hang_report(comms, ops));
+        }
+        if !census_begun && now + CENSUS_LEAD >= policy.deadline && now - started >= CENSUS_LEAD {
+            census_begun = true;
+            let p2p = |o: &&OpRun<'_>| matches!(o.fp.coll, crate::Coll::Send | crate::Coll::Recv);
+            if let Some(o) = ops.iter().find(|o| !o.done() && !p2p(o)) {
+                comms[o.comm].near_deadline(o.seq);
+            }
         }
         if now - since < policy.spin {
             continue;

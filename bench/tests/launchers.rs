@@ -215,9 +215,14 @@ fn long_waits_say_what_they_wait_for() {
         let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
     };
     stop("-STOP", kids[1].id());
+    let stopped = std::time::Instant::now();
     let mut it = kids.into_iter();
     let (r0, r1) = (it.next().unwrap(), it.next().unwrap());
     let out0 = r0.wait_with_output().unwrap(); // fails at its 5 s timeout
+                                               // (the census begins a second before the deadline, so the report comes at the timeout)
+    let took = stopped.elapsed();
+    eprintln!("the stopped rank was reported {took:?} after SIGSTOP (OXCCL_TIMEOUT=5)");
+    assert!(took < Duration::from_millis(5900), "reported {took:?} after SIGSTOP: not at the 5 s timeout");
     stop("-KILL", r1.id());
     let _ = r1.wait_with_output();
     let s = text(&out0);
