@@ -651,7 +651,7 @@ pub(crate) fn record_wait(idle: Duration, spin: Duration, max: Duration) {
 
 /// Drive `ops` until all are done and their sends flushed. Ops on the same connection run in
 /// list order (an op may only use a connection once every earlier op is done with it); the
-/// cost of that rule is linear in the ops ([`crate::order::Order`]).
+/// cost of that rule is linear in the ops (one line per connection: `src/order.rs`).
 pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
     let max_spin = policy.spin;
     let mut policy = policy;
