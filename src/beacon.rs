@@ -5,7 +5,8 @@
 //! ([`oxccl_transport::process_alive`]); across machines every process listens on one TCP port,
 //! its beacon, whose only job is to exist: a thread accepts and closes each connection at once
 //! (blocked in `accept`, it costs no CPU). A waiting rank connects to the peer's beacon:
-//! - accepted: the process is alive (perhaps stopped: the kernel answers for it);
+//! - accepted: the process is alive (perhaps stopped: the kernel answers for it, into an accept
+//!   queue of 4096);
 //! - refused: nothing listens on the port any more, so the process is gone (its kernel said so
 //!   at once);
 //! - no answer: the host or the network between us stopped answering; after
@@ -63,6 +64,9 @@ pub fn start(ip: IpAddr) -> Option<Arc<Beacon>> {
     }
     let any: IpAddr = if ip.is_ipv6() { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
     let l = TcpListener::bind(SocketAddr::new(any, 0)).ok()?;
+    // a stopped process (a debugger attached) must not look silent: its kernel answers probes
+    // into the queue, which lasts far longer than a timeout at the probe rates of the waits
+    let _ = oxccl_transport::deepen_backlog(&l, 4096);
     let port = l.local_addr().ok()?.port();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();

@@ -33,7 +33,7 @@
 //! [`Caps`]; transports that lack them return [`ErrorKind::Unavailable`] from the optional calls.
 //!
 //! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write), [`fork`]
-//! (pthread_atfork) and [`thread`] (gettid), each with a
+//! (pthread_atfork), [`thread`] (gettid) and [`deepen_backlog`] (listen), each with a
 //! `// SAFETY:` comment.
 
 mod error;
@@ -308,6 +308,20 @@ pub fn verify_proof(secret: &[u8; 32], context: &[u8], claimed: &[u8]) -> bool {
     blake3::keyed_hash(secret, context) == blake3::Hash::from(c)
 }
 
+/// Let `l` queue up to `n` connections not yet accepted (`listen(2)` again; std's default is
+/// 128, and the kernel caps it at `net.core.somaxconn`). For a listener that must keep answering
+/// while its process is stopped: the kernel completes handshakes into the queue for it.
+pub fn deepen_backlog(l: &std::net::TcpListener, n: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: listen(2) on a socket this listener owns; no memory is passed.
+    let rc = unsafe { libc::listen(l.as_raw_fd(), n) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Whether process `pid` is alive (exists and is not a zombie), from `/proc/<pid>/stat`.
 pub fn process_alive(pid: u32) -> bool {
     if pid == std::process::id() {
@@ -351,6 +365,26 @@ mod tests {
         let mut bad = b;
         bad[0] ^= 1;
         assert!(Header::decode(&bad, 100).is_err(), "bad magic");
+    }
+
+    #[test]
+    fn a_deepened_backlog_queues_connections_nobody_accepts() {
+        // std's queue holds 128: a listener whose process is stopped must hold more
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        deepen_backlog(&l, 4096).unwrap();
+        let cap: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4096);
+        let n = cap.min(400) - 8;
+        let addr = l.local_addr().unwrap();
+        let held: Vec<_> = (0..n)
+            .map(|i| {
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("connection {i} of {n} not queued: {e}"))
+            })
+            .collect();
+        assert_eq!(held.len(), n);
     }
 
     #[test]
