@@ -103,6 +103,8 @@ pub(crate) struct Shared {
     pub(crate) async_cv: Condvar,
     /// The collective whose timeout census began, and when ([`DriveComm::near_deadline`]).
     census_mark: Mutex<Option<(u64, Instant)>>,
+    /// Beacon probes of peers on other machines during stalled waits: (last probe, its history).
+    watches: Mutex<std::collections::HashMap<usize, (Option<Instant>, crate::beacon::Watch)>>,
 }
 
 /// What a communicator keeps running for as long as it exists: the store server of its id (when
@@ -133,6 +135,24 @@ impl DriveComm for Shared {
     }
     fn aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
+    }
+    fn peer_lost(&self, peer: usize) -> Option<Error> {
+        let p = self.peers.get(peer)?;
+        if p.machine == self.peers[self.rank].machine {
+            return None; // the transports check the pid
+        }
+        let mut w = self.watches.lock().unwrap();
+        let (last, watch) = w.entry(peer).or_insert((None, Default::default()));
+        if last.is_some_and(|t: Instant| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        let why = watch.check(p.ip, p.beacon)?;
+        Some(
+            Error::remote(format!("rank {peer} on {} ({}) {why}", p.hostname, p.ip))
+                .with_rank(self.rank)
+                .with_peer(peer),
+        )
     }
     fn near_deadline(&self, seq: u64) {
         *self.census_mark.lock().unwrap() = Some((seq, Instant::now()));
@@ -400,6 +420,7 @@ impl Communicator {
                 async_pending: Mutex::new(0),
                 async_cv: Condvar::new(),
                 census_mark: Mutex::new(None),
+                watches: Mutex::new(Default::default()),
             }),
         })
     }

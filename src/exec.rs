@@ -603,6 +603,26 @@ pub trait DriveComm {
     /// Collective `seq` has waited long and is within [`CENSUS_LEAD`] of its deadline: the
     /// timeout census may begin, so that it is complete at the deadline.
     fn near_deadline(&self, _seq: u64) {}
+    /// Whether `peer`, on another machine, is known to be gone (its liveness beacon refuses) or
+    /// unreachable (silent for seconds); probed at most once a second per peer. For waits that
+    /// stalled: a transport may not notice a host that stopped answering before the timeout.
+    fn peer_lost(&self, _peer: usize) -> Option<Error> {
+        None
+    }
+}
+
+/// A wait stalled this long asks whether the peers it waits for on other machines are still there.
+pub const STALL: Duration = Duration::from_secs(2);
+
+/// The first peer of the moving ops (blocked on it) that [`DriveComm::peer_lost`] reports.
+pub(crate) fn lost_peer<'o, 'm: 'o, C: DriveComm>(
+    comms: &[&C],
+    moving: impl IntoIterator<Item = &'o OpRun<'m>>,
+) -> Option<Error> {
+    moving.into_iter().filter(|o| !o.done()).find_map(|o| match o.blocked {
+        Some(Blocked::Recv(p) | Blocked::Send(p)) => comms[o.comm].peer_lost(p),
+        None => None,
+    })
 }
 
 /// How long before a deadline the timeout census begins (each rank marks the operation it is
@@ -756,6 +776,15 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         match order.as_ref() {
             None => block(comms, ops.iter(), &tx_of, policy.deadline, &[])?,
             Some(o) => block(comms, o.ready().map(|id| &ops[id as usize]), &tx_of, policy.deadline, &[])?,
+        }
+        if now - since >= STALL {
+            let lost = match order.as_ref() {
+                None => lost_peer(comms, ops.iter()),
+                Some(o) => lost_peer(comms, o.ready().map(|id| &ops[id as usize])),
+            };
+            if let Some(e) = lost {
+                return Err(e);
+            }
         }
     }
 }

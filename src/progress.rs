@@ -264,7 +264,13 @@ fn idle(
     }
     let deadline = active.iter().map(|e| e.meta.deadline).min().unwrap_or(now + Duration::from_millis(500));
     let moving = active.iter().map(|e| &e.run);
-    if let Err(e) = block(&refs, moving, &tx_of, deadline, &[WaitSource::doorbell(q.bell.read_fd())]) {
+    let mut res = block(&refs, moving, &tx_of, deadline, &[WaitSource::doorbell(q.bell.read_fd())]);
+    if res.is_ok() && now - since >= crate::exec::STALL {
+        if let Some(e) = crate::exec::lost_peer(&refs, active.iter().map(|e| &e.run)) {
+            res = Err(e);
+        }
+    }
+    if let Err(e) = res {
         for (sh, _) in comms.slots.iter().flatten() {
             sh.set_error(e.clone());
         }
