@@ -14,6 +14,7 @@
 //!
 //! The beacon sends and reads nothing, so a stranger who connects learns only that it exists.
 
+use oxccl_transport::Cause;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -118,25 +119,29 @@ pub struct Watch {
 impl Watch {
     /// Probe once; `Some(why)` when the peer is dead or unreachable, in words that complete
     /// "rank 3 on host-b (10.0.0.2) …".
-    pub fn check(&mut self, ip: IpAddr, port: u16) -> Option<String> {
+    pub fn check(&mut self, ip: IpAddr, port: u16) -> Option<(String, Cause)> {
         self.observe(probe(ip, port), Instant::now(), ip, port)
     }
 
     /// What one probe's outcome at `now` means, given the earlier ones.
-    fn observe(&mut self, seen: Probe, now: Instant, ip: IpAddr, port: u16) -> Option<String> {
+    fn observe(&mut self, seen: Probe, now: Instant, ip: IpAddr, port: u16) -> Option<(String, Cause)> {
         match seen {
             Probe::Alive => {
                 self.silent_since = None;
                 None
             }
-            Probe::Gone => Some(format!("died: its liveness port {ip}:{port} refuses connections (process gone)")),
+            Probe::Gone => Some((
+                format!("died: its liveness port {ip}:{port} refuses connections (process gone)"),
+                Cause::PeerDied,
+            )),
             Probe::Silent => {
                 let silent = now - *self.silent_since.get_or_insert(now);
                 (silent >= SILENT_LIMIT).then(|| {
-                    format!(
+                    let why = format!(
                         "stopped answering: its host did not answer on {ip}:{port} for {:.0} s (host down or network cut)",
                         silent.as_secs_f64()
-                    )
+                    );
+                    (why, Cause::PeerUnreachable)
                 })
             }
         }
@@ -161,7 +166,7 @@ mod tests {
         // a port nobody listens on any more
         let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         assert_eq!(probe(lo, gone), Probe::Gone);
-        assert!(Watch::default().check(lo, gone).unwrap().contains("died"));
+        assert!(Watch::default().check(lo, gone).is_some_and(|(w, c)| w.contains("died") && c == Cause::PeerDied));
         let live = start(lo).unwrap();
         assert_eq!(Watch::default().check(lo, live.port), None);
         assert_eq!(probe(lo, 0), Probe::Alive, "no beacon: never probed");
@@ -175,7 +180,7 @@ mod tests {
         assert_eq!(w.observe(Probe::Silent, t + SILENT_LIMIT / 2, lo, 9), None);
         assert_eq!(w.observe(Probe::Alive, t + SILENT_LIMIT / 2, lo, 9), None);
         assert_eq!(w.observe(Probe::Silent, t + SILENT_LIMIT, lo, 9), None, "the silence starts again");
-        let v = w.observe(Probe::Silent, t + 2 * SILENT_LIMIT, lo, 9).unwrap();
-        assert!(v.contains("stopped answering") && v.contains("3 s"), "{v}");
+        let (v, c) = w.observe(Probe::Silent, t + 2 * SILENT_LIMIT, lo, 9).unwrap();
+        assert!(v.contains("stopped answering") && v.contains("3 s") && c == Cause::PeerUnreachable, "{v}");
     }
 }

@@ -4,7 +4,7 @@
 use crate::config::{env_any, Config};
 use crate::store::{MemStore, Store, StoreServer, TcpStore};
 use crate::{Error, ErrorKind, Result};
-use oxccl_transport::{random_bytes, PeerInfo};
+use oxccl_transport::{random_bytes, Cause, PeerInfo};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -548,8 +548,8 @@ impl Joined {
     /// A rank that joined and is gone since (its process on this machine, its beacon on
     /// another): it will never finish init.
     fn dead(&mut self, me: usize) -> Option<Error> {
-        let died = |r: usize, how: String| {
-            Error::remote(format!("init: rank {r} {how}, after joining")).with_rank(me).with_peer(r)
+        let died = |r: usize, how: String, cause: Cause| {
+            Error::remote(format!("init: rank {r} {how}, after joining")).with_rank(me).with_peer(r).with_cause(cause)
         };
         let mut probes = 0;
         let n = self.records.len();
@@ -557,13 +557,13 @@ impl Joined {
             let r = (self.next_probe + i) % n;
             match self.records[r].as_mut().map(|x| &mut x.1) {
                 Some(Alive::Pid(pid)) if !oxccl_transport::process_alive(*pid) => {
-                    return Some(died(r, format!("(pid {pid}) died: its process is gone")))
+                    return Some(died(r, format!("(pid {pid}) died: its process is gone"), Cause::PeerDied))
                 }
                 Some(Alive::Beacon(ip, port, host, watch)) if probes < PROBES_PER_SLICE => {
                     probes += 1;
                     self.next_probe = r + 1;
-                    if let Some(why) = watch.check(*ip, *port) {
-                        return Some(died(r, format!("on {host} ({ip}) {why}")));
+                    if let Some((why, cause)) = watch.check(*ip, *port) {
+                        return Some(died(r, format!("on {host} ({ip}) {why}"), cause));
                     }
                 }
                 _ => {}

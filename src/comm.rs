@@ -9,7 +9,7 @@ use crate::store::{Store, StoreServer};
 use crate::types::{DataType, Element, ReduceOp};
 use crate::{Error, Result};
 use oxccl_transport::wait::Doorbell;
-use oxccl_transport::{PeerInfo, Transport, TransportCtx};
+use oxccl_transport::{Cause, PeerInfo, Transport, TransportCtx};
 use oxccl_transport_rdma::{NetChoice, RdmaConfig, RdmaTransport};
 use oxccl_transport_shm::{ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
@@ -147,9 +147,10 @@ impl DriveComm for Shared {
             return None;
         }
         *last = Some(Instant::now());
-        let why = watch.check(p.ip, p.beacon)?;
+        let (why, cause) = watch.check(p.ip, p.beacon)?;
         Some(
             Error::remote(format!("rank {peer} on {} ({}) {why}", p.hostname, p.ip))
+                .with_cause(cause)
                 .with_rank(self.rank)
                 .with_peer(peer),
         )
@@ -839,7 +840,7 @@ fn check_rank(nranks: usize, rank: usize) -> Result<()> {
 
 fn check_state(sh: &Shared, st: &State) -> Result<()> {
     if sh.aborted.load(Ordering::SeqCst) {
-        return Err(Error::invalid_usage("communicator was aborted").with_rank(sh.rank));
+        return Err(Error::comm_aborted().with_rank(sh.rank));
     }
     if let Some(e) = &st.error {
         let mut e2 = Error::new(e.kind, format!("communicator failed earlier: {e}"));
@@ -947,7 +948,7 @@ impl Shared {
                 next_report = self.cfg.wait_report.map(|r| now + r);
             }
             if self.aborted.load(Ordering::SeqCst) {
-                return Err(Error::invalid_usage("communicator was aborted").with_rank(self.rank));
+                return Err(Error::comm_aborted().with_rank(self.rank));
             }
             // a peer on this machine that died will never connect: say so now, not at the timeout
             let p = &self.peers[peer];
@@ -958,7 +959,8 @@ impl Shared {
                     p.pid
                 ))
                 .with_rank(self.rank)
-                .with_peer(peer));
+                .with_peer(peer)
+                .with_cause(Cause::PeerDied));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
@@ -966,14 +968,15 @@ impl Shared {
                 Err(e) if e.kind == crate::ErrorKind::Timeout && !left.is_zero() => {
                     // a peer on another machine: its beacon says whether it is still there
                     if p.machine != self.peers[self.rank].machine {
-                        if let Some(why) = watch.check(p.ip, p.beacon) {
+                        if let Some((why, cause)) = watch.check(p.ip, p.beacon) {
                             let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
                             return Err(Error::remote(format!(
                                 "connection setup: rank {peer} on {} ({}) {why}, before connecting (for {what})",
                                 p.hostname, p.ip
                             ))
                             .with_rank(self.rank)
-                            .with_peer(peer));
+                            .with_peer(peer)
+                            .with_cause(cause));
                         }
                     }
                     if let Some((seq, what)) = doing {
@@ -989,7 +992,8 @@ impl Shared {
                                         self.rank
                                     ))
                                     .with_rank(self.rank)
-                                    .with_peer(peer));
+                                    .with_peer(peer)
+                                    .with_cause(Cause::Mismatch));
                                 }
                             }
                         }
@@ -1076,7 +1080,8 @@ impl<'s> Setup<'s> {
                     String::from_utf8_lossy(theirs)
                 ))
                 .with_rank(me)
-                .with_peer(q);
+                .with_peer(q)
+                .with_cause(Cause::Mismatch);
                 drop(st);
                 let _ = sh.store.set(&self.key("ack", me, q), format!("!{}", e.message).as_bytes());
                 return Err(e);
@@ -1200,7 +1205,7 @@ impl Shared {
         let mut conns = conns;
         conns.abort_all();
         drop(conns);
-        if e.message.contains(oxccl_transport::PEER_ABORTED) {
+        if e.cause == Some(Cause::PeerAborted) {
             return; // a cascade, not a cause: the cause is published by the rank that saw it
         }
         let store = self.store.clone();
@@ -1271,7 +1276,7 @@ impl Shared {
     /// For an error caused by a peer closing its connections, add the first failure reported in
     /// this communicator (waits at most 2 s for it).
     pub(crate) fn with_root_cause(&self, mut e: Error) -> Error {
-        if !e.message.contains(oxccl_transport::PEER_ABORTED) {
+        if e.cause != Some(Cause::PeerAborted) {
             return e;
         }
         let store = self.store.clone();

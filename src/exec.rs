@@ -556,7 +556,8 @@ impl Expect {
                 h.seq,
                 if h.comm != self.comm_id { " on another communicator" } else { "" }
             ))
-            .with_peer(peer));
+            .with_peer(peer)
+            .with_cause(oxccl_transport::Cause::Mismatch));
         }
         if h.step != self.step || h.len as usize != len {
             return Err(Error::internal(format!(
@@ -747,7 +748,7 @@ pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) 
         }
         for c in comms {
             if c.aborted() {
-                return Err(Error::invalid_usage("communicator was aborted").with_rank(c.rank()));
+                return Err(Error::comm_aborted().with_rank(c.rank()));
             }
         }
         let now = Instant::now();

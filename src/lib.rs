@@ -72,7 +72,7 @@ pub mod sim;
 pub mod types;
 
 pub use oxccl_transport::fork::generation as fork_generation;
-pub use oxccl_transport::{Error, ErrorKind, Result};
+pub use oxccl_transport::{Cause, Error, ErrorKind, Result};
 pub use types::{DataType, Element, ReduceOp, F8E4M3, F8E5M2};
 mod beacon;
 pub mod bootstrap;

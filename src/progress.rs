@@ -157,7 +157,7 @@ fn main_loop(q: &'static Queue) {
             let run = &mut entries.get_mut(&id).expect("a ready op is queued").run;
             let ci = run.comm;
             let res = if refs[ci].aborted() {
-                Err(Error::invalid_usage("communicator was aborted").with_rank(refs[ci].rank()))
+                Err(Error::comm_aborted().with_rank(refs[ci].rank()))
             } else if let Some(e) = refs[ci].sticky_error() {
                 Err(e)
             } else {

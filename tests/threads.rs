@@ -257,6 +257,7 @@ fn mismatched_collectives_fail_loudly_on_both_ranks() {
             c.all_reduce_inplace(&mut [0f32; 64], ReduceOp::Max).unwrap_err()
         };
         assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        assert_eq!(e.cause, Some(oxccl::Cause::Mismatch), "{e}");
         let s = e.to_string();
         assert!(s.contains("op=sum") && s.contains("op=max"), "both calls shown: {s}");
         assert!(t.elapsed() < Duration::from_secs(10));
@@ -280,6 +281,7 @@ fn abort_from_another_thread_unblocks_a_waiting_rank() {
         let e = c0.all_reduce_inplace(&mut [1f32; 8], ReduceOp::Sum).unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         assert!(e.to_string().contains("abort"), "{e}");
+        assert_eq!(e.cause, Some(oxccl::Cause::Aborted), "{e}");
     });
     assert!(c0.barrier().is_err(), "aborted stays aborted");
 }

@@ -44,6 +44,28 @@ impl ErrorKind {
     }
 }
 
+/// What caused an error, where oxccl knows it: for code that acts on a failure (recovery, retry,
+/// the cascade's root cause). Never match on [`Error::message`]: it is for people.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cause {
+    /// The peer aborted its connections after a failure of its own (the cascade): the root
+    /// cause is elsewhere.
+    PeerAborted,
+    /// The peer's process is gone (killed, crashed or exited): its pid, its liveness beacon or
+    /// its launcher said so.
+    PeerDied,
+    /// The peer closed its connection unexpectedly (its process died, or the connection was
+    /// reset).
+    PeerClosed,
+    /// The peer's host stopped answering (host down, network cut).
+    PeerUnreachable,
+    /// Two ranks called different operations, or set up different transports for one pair.
+    Mismatch,
+    /// This rank's communicator was aborted.
+    Aborted,
+}
+
 /// An oxccl error: a category plus the context needed to find the culprit
 /// (which rank saw it, which peer was involved, which operation and sequence number, and the OS
 /// error behind it).
@@ -64,6 +86,8 @@ pub struct Error {
     pub seq: Option<u64>,
     /// The OS error number behind it, if any.
     pub os_error: Option<i32>,
+    /// What caused it, where known.
+    pub cause: Option<Cause>,
 }
 
 /// Result alias used throughout oxccl.
@@ -72,7 +96,30 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A new error of `kind` with a message and no context yet.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into(), rank: None, peer: None, op: None, seq: None, os_error: None }
+        Error {
+            kind,
+            message: message.into(),
+            rank: None,
+            peer: None,
+            op: None,
+            seq: None,
+            os_error: None,
+            cause: None,
+        }
+    }
+    /// The error every transport reports when `peer` aborted its connections after a failure of
+    /// its own ([`Cause::PeerAborted`]).
+    pub fn peer_aborted(peer: usize) -> Self {
+        Self::remote(format!("rank {peer} {}", crate::PEER_ABORTED)).with_peer(peer).with_cause(Cause::PeerAborted)
+    }
+    /// The error of any call on a communicator this rank aborted ([`Cause::Aborted`]).
+    pub fn comm_aborted() -> Self {
+        Self::invalid_usage("communicator was aborted").with_cause(Cause::Aborted)
+    }
+    /// Attach the cause (kept if already set).
+    pub fn with_cause(mut self, cause: Cause) -> Self {
+        self.cause.get_or_insert(cause);
+        self
     }
     /// Shorthand for [`ErrorKind::InvalidArgument`].
     pub fn invalid_argument(message: impl Into<String>) -> Self {
@@ -169,6 +216,14 @@ mod tests {
         let e = e.with_rank(9).with_peer(9);
         assert_eq!(e.rank, Some(2));
         assert_eq!(e.peer, Some(3));
+    }
+
+    #[test]
+    fn the_cause_is_typed_and_the_first_stands() {
+        let e = Error::peer_aborted(3);
+        assert_eq!((e.cause, e.peer, e.kind), (Some(Cause::PeerAborted), Some(3), ErrorKind::Remote));
+        assert_eq!(e.with_cause(Cause::PeerDied).cause, Some(Cause::PeerAborted));
+        assert_eq!(Error::remote("x").cause, None);
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub mod fork;
 pub mod thread;
 pub mod wait;
 
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Cause, Error, ErrorKind, Result};
 use std::time::Instant;
 
 /// Bytes of an encoded [`Header`].
@@ -339,7 +339,9 @@ pub fn check_alive(peer: usize, pid: u32) -> Result<()> {
     if process_alive(pid) {
         Ok(())
     } else {
-        Err(Error::remote(format!("rank {peer} (pid {pid}) died: its process is gone")).with_peer(peer))
+        Err(Error::remote(format!("rank {peer} (pid {pid}) died: its process is gone"))
+            .with_peer(peer)
+            .with_cause(Cause::PeerDied))
     }
 }
 

@@ -47,7 +47,7 @@ pub mod verbs;
 use oxccl_transport::wait::WaitSource;
 use oxccl_transport::{
     proof, random_bytes, verify_proof, Error, ErrorKind, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn,
-    Transport, TransportCtx, HEADER_BYTES, PEER_ABORTED,
+    Transport, TransportCtx, HEADER_BYTES,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -1208,7 +1208,7 @@ impl RdmaSend {
             return Err(e.clone());
         }
         if s.aborted {
-            return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer));
+            return Err(Error::peer_aborted(self.peer));
         }
         Ok(())
     }
@@ -1446,7 +1446,7 @@ impl RecvConn for RdmaRecv {
                 return Err(e);
             }
             if !here && aborted {
-                return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer));
+                return Err(Error::peer_aborted(self.peer));
             }
             here
         };
@@ -1769,7 +1769,7 @@ mod tests {
         loop {
             match r.peek() {
                 Err(e) => {
-                    assert!(e.message.contains(PEER_ABORTED), "{e}");
+                    assert_eq!(e.cause, Some(oxccl_transport::Cause::PeerAborted), "{e}");
                     break;
                 }
                 Ok(_) => assert!(t.elapsed() < Duration::from_secs(5), "abort never arrived"),

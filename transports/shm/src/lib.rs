@@ -21,7 +21,7 @@ mod segment;
 use oxccl_transport::wait::{ring_fd, Doorbell, WaitSource};
 use oxccl_transport::{
     check_alive, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
-    HEADER_BYTES, PEER_ABORTED,
+    HEADER_BYTES,
 };
 use segment::*;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -219,7 +219,7 @@ impl ShmSend {
     fn receiver_closed(&self) -> Result<()> {
         match self.seg.u32_at(OFF_RECEIVER_CLOSED).load(Ordering::Relaxed) {
             0 => Ok(()),
-            2 => Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
+            2 => Err(Error::peer_aborted(self.peer)),
             _ => Err(Error::remote("the receiver closed the shm ring").with_peer(self.peer)),
         }
     }
@@ -271,7 +271,7 @@ impl SendConn for ShmSend {
         if self.want_room {
             match self.seg.u32_at(OFF_RECEIVER_CLOSED).load(Ordering::Relaxed) {
                 0 => {}
-                2 => return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
+                2 => return Err(Error::peer_aborted(self.peer)),
                 _ => return Err(Error::remote("the receiver closed the shm ring").with_peer(self.peer)),
             }
             return Ok(None);
@@ -391,7 +391,7 @@ impl ShmRecv {
         // a sender that failed and returned may reuse its buffer: it marks the ring closed
         // first, so a copy that raced with that is caught here
         if self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::Acquire) == 2 {
-            return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer));
+            return Err(Error::peer_aborted(self.peer));
         }
         r.map_err(|e| {
             check_alive(self.peer, self.peer_pid).err().unwrap_or_else(|| {
@@ -408,7 +408,7 @@ impl RecvConn for ShmRecv {
             match self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::Acquire) {
                 0 => {}
                 _ if self.has_data() => {}
-                2 => return Err(Error::remote(format!("rank {} {PEER_ABORTED}", self.peer)).with_peer(self.peer)),
+                2 => return Err(Error::peer_aborted(self.peer)),
                 _ => return Err(Error::remote("the sender closed the shm ring").with_peer(self.peer)),
             }
             return Ok(None);

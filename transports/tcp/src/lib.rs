@@ -22,8 +22,8 @@ pub mod netif;
 
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::{
-    proof, random_bytes, verify_proof, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport,
-    TransportCtx, HEADER_BYTES,
+    proof, random_bytes, verify_proof, Cause, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn,
+    Transport, TransportCtx, HEADER_BYTES,
 };
 use std::collections::HashMap;
 use std::io::{ErrorKind as IoKind, Read, Write};
@@ -273,11 +273,11 @@ fn configure(s: &TcpStream, buffer: Option<usize>) -> Result<()> {
 }
 
 /// What a failed read or write on a data connection says about the peer.
-fn lost_how(e: &std::io::Error) -> &'static str {
+fn lost_how(e: &std::io::Error) -> (&'static str, Cause) {
     if e.kind() == IoKind::TimedOut {
-        "its host stopped answering: no TCP acknowledgement or keepalive reply for seconds"
+        ("its host stopped answering: no TCP acknowledgement or keepalive reply for seconds", Cause::PeerUnreachable)
     } else {
-        "process died or connection reset"
+        ("process died or connection reset", Cause::PeerClosed)
     }
 }
 
@@ -461,9 +461,10 @@ impl SendConn for TcpSend {
                 Err(e) if e.kind() == IoKind::WouldBlock => break,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => {
-                    let mut err =
-                        Error::system(format!("rank {} is unreachable ({}); TCP send", self.peer, lost_how(&e)), &e)
-                            .with_peer(self.peer);
+                    let (how, cause) = lost_how(&e);
+                    let mut err = Error::system(format!("rank {} is unreachable ({how}); TCP send", self.peer), &e)
+                        .with_peer(self.peer)
+                        .with_cause(cause);
                     err.kind = oxccl_transport::ErrorKind::Remote;
                     return Err(err);
                 }
@@ -635,9 +636,10 @@ impl TcpRecv {
                 Err(e) if e.kind() == IoKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) => {
-                    let mut err =
-                        Error::system(format!("rank {} is unreachable ({}); TCP receive", self.peer, lost_how(&e)), &e)
-                            .with_peer(self.peer);
+                    let (how, cause) = lost_how(&e);
+                    let mut err = Error::system(format!("rank {} is unreachable ({how}); TCP receive", self.peer), &e)
+                        .with_peer(self.peer)
+                        .with_cause(cause);
                     err.kind = oxccl_transport::ErrorKind::Remote;
                     return Err(err);
                 }
@@ -654,9 +656,7 @@ impl RecvConn for TcpRecv {
             got = self.complete()?;
         }
         match got {
-            Some((h, _)) if h.step == oxccl_transport::ABORT_STEP => {
-                Err(Error::remote(format!("rank {} {}", self.peer, oxccl_transport::PEER_ABORTED)).with_peer(self.peer))
-            }
+            Some((h, _)) if h.step == oxccl_transport::ABORT_STEP => Err(Error::peer_aborted(self.peer)),
             Some((h, need)) => {
                 let s = self.start + HEADER_BYTES;
                 Ok(Some((h, &self.buf[s..self.start + need])))
@@ -665,7 +665,8 @@ impl RecvConn for TcpRecv {
                 "rank {} closed the TCP connection unexpectedly (process died or connection reset)",
                 self.peer
             ))
-            .with_peer(self.peer)),
+            .with_peer(self.peer)
+            .with_cause(Cause::PeerClosed)),
             None => Ok(None),
         }
     }
