@@ -51,7 +51,7 @@ impl UniqueId {
     /// builds on the id owns the store and stops it when destroyed; if none does, it lives as long
     /// as the process.
     pub fn new() -> Result<UniqueId> {
-        Self::with_config(&Config::default())
+        Self::with_config(&Config::from_env())
     }
 
     /// [`UniqueId::new`], choosing the store's interface from `cfg.socket_ifname`.

@@ -217,9 +217,10 @@ impl Communicator {
     // ---- life cycle ------------------------------------------------------------------------
 
     /// Join the communicator of `nranks` ranks identified by `id`, as `rank`
-    /// (`ncclCommInitRank`). Blocks until every rank has joined, or the timeout.
+    /// (`ncclCommInitRank`), with the settings of the environment ([`Config::from_env`]).
+    /// Blocks until every rank has joined, or the timeout.
     pub fn init(id: &UniqueId, nranks: usize, rank: usize) -> Result<Communicator> {
-        Self::init_with_config(id, nranks, rank, Config::default())
+        Self::init_with_config(id, nranks, rank, Config::from_env())
     }
 
     /// [`Communicator::init`] with explicit settings.
@@ -233,7 +234,7 @@ impl Communicator {
     /// `MASTER_PORT`), mpirun (`OMPI_COMM_WORLD_*`) or srun (`SLURM_*`), with `MASTER_ADDR` and
     /// `MASTER_PORT` (or `NCCL_COMM_ID`) naming the store. See [`bootstrap::from_env`].
     pub fn from_env() -> Result<Communicator> {
-        Self::from_env_with_config(Config::default())
+        Self::from_env_with_config(Config::from_env())
     }
 
     /// [`Communicator::from_env`] with explicit settings. If `OXCCL_UNIQUE_ID` holds a unique id
@@ -252,7 +253,7 @@ impl Communicator {
     /// `nranks` communicators in this process, one per rank, for threads as ranks
     /// (`ncclCommInitAll`). Hand each to its own thread, or drive them together with a [`Group`].
     pub fn init_all(nranks: usize) -> Result<Vec<Communicator>> {
-        Self::init_all_with_config(nranks, Config::default())
+        Self::init_all_with_config(nranks, Config::from_env())
     }
 
     /// [`Communicator::init_all`] with explicit settings.

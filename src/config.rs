@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-/// Communicator settings. [`Config::default`] reads the environment; fields may then be changed.
+/// Communicator settings. [`Config::from_env`] reads the environment (the calls without a
+/// `Config` use it); [`Config::default`] is the built-in values alone. Fields may then be changed.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Bound on every wait (bootstrap, connection setup, each operation). `OXCCL_TIMEOUT`
@@ -93,18 +94,66 @@ fn env_num(names: &[&str]) -> Option<f64> {
     env_any(names).and_then(|v| v.trim().parse().ok())
 }
 
-impl Default for Config {
+impl Default for Tuner {
+    /// Measured on the 2-core development machines (bench/RESULTS.md): wake-up-free message
+    /// latency and achieved bandwidth of one ring step.
     fn default() -> Self {
-        let timeout = env_num(&["OXCCL_TIMEOUT"]).filter(|t| *t > 0.0).unwrap_or(600.0);
+        Tuner {
+            shm_alpha_us: 0.4,
+            shm_beta_gbps: 8.0,
+            net_alpha_us: 15.0,
+            net_beta_gbps: 1.5,
+            switch_us: 2.0,
+            oversub_round_factor: 1.5,
+        }
+    }
+}
+
+impl Default for Config {
+    /// The built-in settings, with nothing read from the environment: what
+    /// [`Config::from_env`] starts from.
+    fn default() -> Self {
         Config {
-            timeout: Duration::from_secs_f64(timeout),
+            timeout: Duration::from_secs(600),
+            spin: None,
+            yield_for: None,
+            shm_disable: false,
+            chunk_bytes: 256 << 10,
+            slots: 4,
+            cma: true,
+            cma_min_bytes: 32 << 20,
+            socket_ifname: None,
+            nsocks: 1,
+            socket_buffer: None,
+            host_id: None,
+            algo: None,
+            proto: None,
+            deterministic: false,
+            dump_dir: None,
+            wait_report: Some(Duration::from_secs(30)),
+            tuner: Tuner::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The settings from the environment (the table in the README), over [`Config::default`]:
+    /// the one place oxccl reads its settings.
+    pub fn from_env() -> Config {
+        let d = Config::default();
+        let t = d.tuner;
+        let num = |names: &[&str], or: f64| env_num(names).unwrap_or(or);
+        Config {
+            timeout: env_num(&["OXCCL_TIMEOUT"]).filter(|t| *t > 0.0).map(Duration::from_secs_f64).unwrap_or(d.timeout),
             spin: env_num(&["OXCCL_SPIN_US"]).map(|v| Duration::from_micros(v as u64)),
             yield_for: env_num(&["OXCCL_YIELD_US"]).map(|v| Duration::from_micros(v as u64)),
             shm_disable: env_any(&["OXCCL_SHM_DISABLE", "NCCL_SHM_DISABLE"]).is_some_and(|v| v != "0"),
-            chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"]).map(|v| ((v as usize).max(64) / 64) * 64).unwrap_or(256 << 10),
-            slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(4),
+            chunk_bytes: env_num(&["OXCCL_CHUNK_BYTES"])
+                .map(|v| ((v as usize).max(64) / 64) * 64)
+                .unwrap_or(d.chunk_bytes),
+            slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(d.slots),
             cma: env_any(&["OXCCL_CMA"]).is_none_or(|v| v != "0"),
-            cma_min_bytes: env_num(&["OXCCL_CMA_MIN_BYTES"]).map(|v| v as usize).unwrap_or(32 << 20),
+            cma_min_bytes: env_num(&["OXCCL_CMA_MIN_BYTES"]).map(|v| v as usize).unwrap_or(d.cma_min_bytes),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             nsocks: env_num(&["OXCCL_NSOCKS"])
                 .or_else(|| {
@@ -113,7 +162,7 @@ impl Default for Config {
                     (per.is_some() || threads.is_some()).then(|| per.unwrap_or(1.0) * threads.unwrap_or(1.0))
                 })
                 .map(|v| (v as usize).clamp(1, 16))
-                .unwrap_or(1),
+                .unwrap_or(d.nsocks),
             socket_buffer: env_num(&["OXCCL_SOCKET_BUFFER"]).filter(|v| *v >= 4096.0).map(|v| v as usize),
             host_id: env_any(&["OXCCL_HOSTID", "NCCL_HOSTID"]),
             algo: env_any(&["OXCCL_ALGO", "NCCL_ALGO"]),
@@ -123,26 +172,17 @@ impl Default for Config {
             wait_report: match env_num(&["OXCCL_WAIT_REPORT"]) {
                 Some(s) if s <= 0.0 => None,
                 Some(s) => Some(Duration::from_secs_f64(s)),
-                None => Some(Duration::from_secs(30)),
+                None => d.wait_report,
             },
-            // measured on the 2-core development machines (bench/RESULTS.md): wake-up-free
-            // message latency and achieved bandwidth of one ring step
             tuner: Tuner {
-                shm_alpha_us: env_num(&["OXCCL_TUNER_SHM_ALPHA_US"]).unwrap_or(0.4),
-                shm_beta_gbps: env_num(&["OXCCL_TUNER_SHM_BETA_GBPS"]).unwrap_or(8.0),
-                net_alpha_us: env_num(&["OXCCL_TUNER_NET_ALPHA_US"]).unwrap_or(15.0),
-                net_beta_gbps: env_num(&["OXCCL_TUNER_NET_BETA_GBPS"]).unwrap_or(1.5),
-                switch_us: env_num(&["OXCCL_TUNER_SWITCH_US"]).unwrap_or(2.0),
-                oversub_round_factor: env_num(&["OXCCL_TUNER_OVERSUB_FACTOR"]).unwrap_or(1.5),
+                shm_alpha_us: num(&["OXCCL_TUNER_SHM_ALPHA_US"], t.shm_alpha_us),
+                shm_beta_gbps: num(&["OXCCL_TUNER_SHM_BETA_GBPS"], t.shm_beta_gbps),
+                net_alpha_us: num(&["OXCCL_TUNER_NET_ALPHA_US"], t.net_alpha_us),
+                net_beta_gbps: num(&["OXCCL_TUNER_NET_BETA_GBPS"], t.net_beta_gbps),
+                switch_us: num(&["OXCCL_TUNER_SWITCH_US"], t.switch_us),
+                oversub_round_factor: num(&["OXCCL_TUNER_OVERSUB_FACTOR"], t.oversub_round_factor),
             },
         }
-    }
-}
-
-impl Config {
-    /// The settings from the environment (same as `default`).
-    pub fn from_env() -> Config {
-        Config::default()
     }
 }
 

@@ -952,7 +952,7 @@ fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int
     let blocking = cfg.blocking.unwrap_or(true);
     let e = Entry::new(blocking, 0);
     if blocking {
-        let c = Communicator::init_with_config(&uid, n, r, Config::default())?;
+        let c = Communicator::init_with_config(&uid, n, r, Config::from_env())?;
         let _ = e.comm.set(Arc::new(c));
         // SAFETY: checked non-null above; the caller's out-pointer.
         unsafe { put(comm, register(e), "comm")? };
@@ -963,7 +963,7 @@ fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int
     unsafe { put(comm, h, "comm")? };
     std::thread::Builder::new()
         .name("oxccl-init".into())
-        .spawn(move || match Communicator::init_with_config(&uid, n, r, Config::default()) {
+        .spawn(move || match Communicator::init_with_config(&uid, n, r, Config::from_env()) {
             Ok(c) => {
                 let _ = e.comm.set(Arc::new(c));
             }
