@@ -29,9 +29,6 @@
 //! [`RecvConn::arm`], which returns what to poll (or `None` if it became ready meanwhile), and
 //! then calls [`wait::wait_any`].
 //!
-//! Optional capabilities (one-sided put into registered memory, device memory) are reported in
-//! [`Caps`]; transports that lack them return [`ErrorKind::Unavailable`] from the optional calls.
-//!
 //! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write), [`fork`]
 //! (pthread_atfork), [`thread`] (gettid) and [`deepen_backlog`] (listen), each with a
 //! `// SAFETY:` comment.
@@ -160,15 +157,6 @@ impl PeerInfo {
     }
 }
 
-/// Optional capabilities of a transport.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Caps {
-    /// One-sided put into registered remote memory with a remote key.
-    pub one_sided_put: bool,
-    /// Can move device (GPU) memory.
-    pub device_memory: bool,
-}
-
 /// What every transport instance of a communicator knows.
 #[derive(Debug, Clone)]
 pub struct TransportCtx {
@@ -276,20 +264,12 @@ pub trait PendingRecv: Send {
 pub trait Transport: Send + Sync {
     /// Name used in logs (`SHM`, `NET/Socket`).
     fn name(&self) -> &'static str;
-    /// Optional capabilities.
-    fn caps(&self) -> Caps {
-        Caps::default()
-    }
     /// Whether this transport can connect `me` to `peer`.
     fn can_connect(&self, me: &PeerInfo, peer: &PeerInfo) -> bool;
     /// Receiving side, step 1: allocate what the receiver owns; returns the blob for the sender.
     fn setup_recv(&self, peer: usize) -> Result<(Box<dyn PendingRecv>, Vec<u8>)>;
     /// Sending side: connect using the receiver's blob.
     fn connect_send(&self, peer: usize, blob: &[u8], deadline: Instant) -> Result<Box<dyn SendConn>>;
-    /// One-sided put (optional capability).
-    fn put(&self, _peer: usize, _remote_key: u64, _offset: usize, _data: &[u8]) -> Result<()> {
-        Err(Error::new(ErrorKind::Unavailable, format!("transport {} does not support one-sided put", self.name())))
-    }
 }
 
 /// The proof that a connection knows the job secret: a keyed BLAKE3 hash of a context string
