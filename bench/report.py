@@ -198,9 +198,9 @@ def main():
                               f"{fmt(big)} GB/s = {ratio(big, raw)} of it.\n")
     if data.get("oxccl-ofi-2"):
         kept["ofi"] = net_section(data, machine, rounds)
-    analysis = os.path.join(bench, "ANALYSIS.md")
-    if os.path.exists(analysis):
-        md += ["", open(analysis).read()]
+    if os.path.exists(os.path.join(bench, "ANALYSIS.md")):
+        # one copy: the analysis is linked, not pasted
+        md += ["", "The analysis of these figures (what each goal's gap is, and why) is kept in bench/ANALYSIS.md."]
     md += [""] + list(kept.values())
     open(results, "w").write("\n".join(md) + "\n")
     print("\n".join(md))
