@@ -283,7 +283,7 @@ impl Communicator {
         let _scope = crate::log::RankScope::new(rank);
         let t0 = Instant::now();
         let ip = bootstrap::choose_ip(cfg.socket_ifname.as_deref(), rdv.root_ip).map_err(|e| e.with_rank(rank))?;
-        let beacon = crate::beacon::start(ip);
+        let beacon = if cfg.beacon { crate::beacon::start(ip) } else { None };
         let me = PeerInfo {
             rank,
             host_id: bootstrap::host_id(&cfg),

@@ -61,6 +61,11 @@ pub struct Config {
     /// While a wait (init, connection setup, an operation) lasts, say every this often what it
     /// waits for (`OXCCL_WAIT_REPORT` seconds, default 30; 0 turns it off).
     pub wait_report: Option<Duration>,
+    /// Run a liveness beacon (a TCP port on an ephemeral number, as NCCL's bootstrap uses) that
+    /// ranks on other machines probe to tell a dead or unreachable rank from a slow one
+    /// (`OXCCL_BEACON=0` turns it off: then such a death in init or setup is found at the
+    /// timeout, and a silent host by the transport).
+    pub beacon: bool,
     /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
     /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
     pub tuner: Tuner,
@@ -131,6 +136,7 @@ impl Default for Config {
             deterministic: false,
             dump_dir: None,
             wait_report: Some(Duration::from_secs(30)),
+            beacon: true,
             tuner: Tuner::default(),
         }
     }
@@ -174,6 +180,7 @@ impl Config {
                 Some(s) => Some(Duration::from_secs_f64(s)),
                 None => d.wait_report,
             },
+            beacon: env_any(&["OXCCL_BEACON"]).is_none_or(|v| v.trim() != "0"),
             tuner: Tuner {
                 shm_alpha_us: num(&["OXCCL_TUNER_SHM_ALPHA_US"], t.shm_alpha_us),
                 shm_beta_gbps: num(&["OXCCL_TUNER_SHM_BETA_GBPS"], t.shm_beta_gbps),
