@@ -310,6 +310,72 @@ fn a_rank_in_another_pid_namespace_that_dies_during_lazy_setup_is_named() {
     }
 }
 
+/// A rank in its own pid namespace (as on another machine) joins, then dies while the others
+/// still wait in init for a rank that has not come: they probe the joined rank's beacon and fail
+/// within seconds, naming it, instead of waiting for the missing one until the timeout. Needs
+/// root (`unshare --pid`): `.ci/run` runs it.
+#[test]
+#[ignore = "needs root for a pid namespace (run by .ci/run)"]
+fn a_rank_in_another_pid_namespace_that_dies_in_init_is_named() {
+    const T: &str = "a_rank_in_another_pid_namespace_that_dies_in_init_is_named";
+    if let Some((rank, n, id)) = role(T) {
+        println!("STARTED");
+        match Communicator::init(&id, n, rank) {
+            Ok(_) => println!("JOINED (unexpected)"),
+            Err(e) => println!("FAILED: {e}"),
+        }
+        return;
+    }
+    let _g = lock();
+    let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
+    let id = UniqueId::with_config(&lo).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    // ranks 0 and 1 of 3 (rank 2 never starts); rank 1 in its own pid namespace
+    let mut kids: Vec<Child> = (0..2)
+        .map(|r| {
+            let mut c = if r == 1 {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--kill-child"]).arg(&exe);
+                c
+            } else {
+                Command::new(&exe)
+            };
+            c.args([T, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+                .env("OXCCL_TEST_ROLE", T)
+                .env("OXCCL_TEST_RANK", r.to_string())
+                .env("OXCCL_TEST_NRANKS", "3")
+                .env("OXCCL_TEST_ID", id.to_hex())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "600")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for k in &mut kids {
+        wait_line(k, "STARTED");
+    }
+    std::thread::sleep(Duration::from_millis(1500)); // both joined; rank 0 waits for rank 2
+    let inner = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", kids[1].id())).unwrap_or_default();
+    for pid in inner.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    let _ = kids[1].kill();
+    let killed = Instant::now();
+    let out = kids.remove(0).wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let s = String::from_utf8_lossy(&out.stdout);
+    let line = s.lines().find(|l| l.starts_with("FAILED")).unwrap_or_else(|| panic!("rank 0 did not fail: {s}"));
+    assert!(took < Duration::from_secs(5), "rank 0 failed {took:?} after the kill: {line}");
+    assert!(line.contains("init: rank 1 ") && line.contains("died") && line.contains("liveness port"), "{line}");
+    eprintln!("rank 0 failed {took:?} after the kill: {line}");
+    for mut k in kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}
+
 /// Soak: a seeded random sequence of collectives over the world communicator and random splits,
 /// random types, ops, counts, roots and layouts, on 4 processes over 2 host ids (shm inside a
 /// pair, TCP across), every result checked bit for bit. `OXCCL_SOAK_OPS` sets the length
