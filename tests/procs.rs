@@ -237,6 +237,43 @@ fn survivors_detect_a_killed_rank_quickly_and_name_it() {
     }
 }
 
+/// Start ranks `0..count` of `test` (of `nranks`), rank `own_pidns` in its own pid namespace
+/// (`unshare --pid --fork`: as on another machine, its pid means nothing to the others).
+fn spawn_with_pidns(test: &str, nranks: usize, count: usize, id: &UniqueId, own_pidns: usize) -> Vec<Child> {
+    let exe = std::env::current_exe().unwrap();
+    (0..count)
+        .map(|r| {
+            let mut c = if r == own_pidns {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--kill-child"]).arg(&exe);
+                c
+            } else {
+                Command::new(&exe)
+            };
+            c.args([test, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+                .env("OXCCL_TEST_ROLE", test)
+                .env("OXCCL_TEST_RANK", r.to_string())
+                .env("OXCCL_TEST_NRANKS", nranks.to_string())
+                .env("OXCCL_TEST_ID", id.to_hex())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "600")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            c.spawn().unwrap()
+        })
+        .collect()
+}
+
+/// Kill a rank started under `unshare` (its child is pid 1 of the namespace) and `unshare`.
+fn kill_unshared(k: &mut Child) {
+    let inner = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", k.id())).unwrap_or_default();
+    for pid in inner.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    let _ = k.kill();
+}
+
 /// A rank on "another machine" (its own pid namespace, so its pid means nothing to the others)
 /// dies while a peer waits in the lazy setup of their first connection (a send mid-run): the
 /// peer probes its liveness beacon and fails within seconds, naming it and the phase, under the
@@ -261,39 +298,12 @@ fn a_rank_in_another_pid_namespace_that_dies_during_lazy_setup_is_named() {
     let _g = lock();
     let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
     let id = UniqueId::with_config(&lo).unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let mut kids: Vec<Child> = (0..3)
-        .map(|r| {
-            let mut c = if r == 2 {
-                let mut c = Command::new("unshare");
-                c.args(["--pid", "--fork", "--kill-child"]).arg(&exe);
-                c
-            } else {
-                Command::new(&exe)
-            };
-            c.args([T, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
-                .env("OXCCL_TEST_ROLE", T)
-                .env("OXCCL_TEST_RANK", r.to_string())
-                .env("OXCCL_TEST_NRANKS", "3")
-                .env("OXCCL_TEST_ID", id.to_hex())
-                .env("OXCCL_SOCKET_IFNAME", "lo")
-                .env("OXCCL_TIMEOUT", "600")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            c.spawn().unwrap()
-        })
-        .collect();
+    let mut kids = spawn_with_pidns(T, 3, 3, &id, 2);
     for k in &mut kids {
         wait_line(k, "READY");
     }
     std::thread::sleep(Duration::from_millis(300)); // rank 0 waits in setup for rank 2
-                                                    // rank 2's process is the child of `unshare` (pid 1 of its namespace): kill both
-    let inner = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", kids[2].id())).unwrap_or_default();
-    for pid in inner.split_whitespace() {
-        let _ = Command::new("kill").args(["-9", pid]).status();
-    }
-    let _ = kids[2].kill();
+    kill_unshared(&mut kids[2]);
     let killed = Instant::now();
     let r0 = kids.remove(0);
     let out = r0.wait_with_output().unwrap();
@@ -329,39 +339,13 @@ fn a_rank_in_another_pid_namespace_that_dies_in_init_is_named() {
     let _g = lock();
     let lo = oxccl::Config { socket_ifname: Some("lo".into()), ..Default::default() };
     let id = UniqueId::with_config(&lo).unwrap();
-    let exe = std::env::current_exe().unwrap();
     // ranks 0 and 1 of 3 (rank 2 never starts); rank 1 in its own pid namespace
-    let mut kids: Vec<Child> = (0..2)
-        .map(|r| {
-            let mut c = if r == 1 {
-                let mut c = Command::new("unshare");
-                c.args(["--pid", "--fork", "--kill-child"]).arg(&exe);
-                c
-            } else {
-                Command::new(&exe)
-            };
-            c.args([T, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
-                .env("OXCCL_TEST_ROLE", T)
-                .env("OXCCL_TEST_RANK", r.to_string())
-                .env("OXCCL_TEST_NRANKS", "3")
-                .env("OXCCL_TEST_ID", id.to_hex())
-                .env("OXCCL_SOCKET_IFNAME", "lo")
-                .env("OXCCL_TIMEOUT", "600")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            c.spawn().unwrap()
-        })
-        .collect();
+    let mut kids = spawn_with_pidns(T, 3, 2, &id, 1);
     for k in &mut kids {
         wait_line(k, "STARTED");
     }
     std::thread::sleep(Duration::from_millis(1500)); // both joined; rank 0 waits for rank 2
-    let inner = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", kids[1].id())).unwrap_or_default();
-    for pid in inner.split_whitespace() {
-        let _ = Command::new("kill").args(["-9", pid]).status();
-    }
-    let _ = kids[1].kill();
+    kill_unshared(&mut kids[1]);
     let killed = Instant::now();
     let out = kids.remove(0).wait_with_output().unwrap();
     let took = killed.elapsed();

@@ -94,6 +94,17 @@ fn wait_failure(
     (elapsed, err)
 }
 
+/// Send `sig` to every process of namespace host `host` (it must have some); returns their pids.
+fn signal_host(sig: &str, host: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "pids", host]).output().unwrap();
+    let pids: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect();
+    assert!(!pids.is_empty(), "no rank process in {host}");
+    for pid in &pids {
+        let _ = Command::new("kill").args([sig, pid]).status();
+    }
+    pids
+}
+
 /// Every collective, type and op at small sizes, checked.
 const ALL: [&str; 18] =
     ["--coll", "all", "-d", "all", "-o", "all", "-b", "1", "-e", "64K", "-f", "64", "-n", "1", "-w", "0", "-c", "1"];
@@ -144,12 +155,7 @@ fn killed_rank_over_libfabric_is_named() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(2500));
-    let pids = Command::new("ip").args(["netns", "pids", "cclt-h2"]).output().unwrap();
-    let pids = String::from_utf8_lossy(&pids.stdout).to_string();
-    assert!(!pids.trim().is_empty(), "no rank process in cclt-h2");
-    for pid in pids.split_whitespace() {
-        let _ = Command::new("kill").args(["-9", pid]).status();
-    }
+    signal_host("-9", "cclt-h2");
     let (elapsed, err) = wait_failure(child, Duration::from_secs(40), "kill -9 of rank 1");
     assert!(elapsed < Duration::from_secs(10), "took {:?} (the timeout is 20 s: detection, not the timeout)", elapsed);
     assert!(err.contains("rank 1"), "the error names the dead rank: {err}");
@@ -199,12 +205,7 @@ fn a_host_killed_at_a_random_moment_is_named_within_seconds() {
         };
         assert!(!pids.trim().is_empty(), "no rank process in {host}");
         std::thread::sleep(delay.saturating_sub(t.elapsed()));
-        for pid in Command::new("ip").args(["netns", "pids", &host]).output().unwrap().stdout.split(|&b| b == b'\n') {
-            let pid = String::from_utf8_lossy(pid);
-            if !pid.trim().is_empty() {
-                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
-            }
-        }
+        signal_host("-9", &host);
         let killed = Instant::now();
         let (_, err) = wait_failure(child, Duration::from_secs(60), &format!("kill of {host} at {delay:?}"));
         let took = killed.elapsed();
@@ -236,12 +237,7 @@ fn a_stopped_rank_on_another_host_is_waited_for_until_the_timeout() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let pids = Command::new("ip").args(["netns", "pids", "cclt-h2"]).output().unwrap();
-    let pids = String::from_utf8_lossy(&pids.stdout).to_string();
-    assert!(!pids.trim().is_empty(), "no rank process in cclt-h2");
-    for pid in pids.split_whitespace() {
-        let _ = Command::new("kill").args(["-STOP", pid]).status();
-    }
+    let pids = signal_host("-STOP", "cclt-h2").join(" ");
     let stopped = Instant::now();
     let (_, err) = wait_failure(kill_stopped_after_rank_0(child, &pids), Duration::from_secs(40), "SIGSTOP of rank 1");
     let took = stopped.elapsed();
