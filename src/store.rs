@@ -444,8 +444,12 @@ impl Drop for StoreServer {
         }
         self.state.stop.store(true, Ordering::SeqCst);
         self.state.cv.notify_all();
+        // only the read side: a client thread blocked for the next request wakes and ends, while
+        // one writing a response finishes it first (a client that read all it needed, such as the
+        // last rank of a split, must not lose its answer because the host's rank went on and
+        // destroyed its communicator)
         for c in self.state.clients.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
+            let _ = c.shutdown(Shutdown::Read);
         }
         // wake the accept loop
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));

@@ -28,8 +28,9 @@ static void body(int rank, int n, ncclUniqueId id) {
   CHECK(ncclCommDestroy(sub));
   CHECK(ncclCommDestroy(comm));
   int fds1 = -1, threads1 = -1;
-  /* threads end just after destroy returns (a joined thread leaves /proc a moment later) */
-  for (int i = 0; i < 200; i++) {
+  /* threads end just after destroy returns (a joined thread leaves /proc a moment later; the
+   * store's client threads once the other ranks have their last answers) */
+  for (int i = 0; i < 1000; i++) {
     fds1 = entries("/proc/self/fd");
     threads1 = entries("/proc/self/task");
     if (fds1 <= fds0 && threads1 <= threads0) break;
