@@ -37,6 +37,8 @@ const HELLO_VERSION: u32 = 1;
 const HELLO_BYTES: usize = 56;
 /// How long a connecting socket may take to send its hello before it is dropped.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a data connection to be answered (SYN retries: 1, 3, 7, 15 s).
+const CONNECT_LIMIT: Duration = Duration::from_secs(15);
 
 /// Socket transport settings.
 #[derive(Debug, Clone, Copy)]
@@ -209,28 +211,42 @@ impl Acceptor {
     }
 }
 
-/// Connect to `addr` and send the hello for `token` (bounded by `deadline`).
+/// Connect rank `peer`'s data port `addr` and send the hello for `token` (bounded by
+/// `deadline`). The port was published only once it listened, and it listens for as long as
+/// the peer's communicator exists, so a refusal is final: the peer is gone (no retry until the
+/// deadline, which was 600 s of waiting for a dead rank).
 pub fn connect_with_hello(
+    peer: usize,
     addr: SocketAddr,
     secret: &[u8; 32],
     comm: u64,
     token: &[u8; 16],
     deadline: Instant,
 ) -> Result<TcpStream> {
-    let mut backoff = Duration::from_millis(1);
-    let mut s = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::timeout(format!("connecting to {addr}")));
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::timeout(format!("connecting to {addr}")));
+    }
+    // a host that answers nothing is given the kernel's SYN retries up to 15 s, not the deadline
+    let mut s = match TcpStream::connect_timeout(&addr, left.min(CONNECT_LIMIT)) {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), IoKind::TimedOut | IoKind::WouldBlock) && left > CONNECT_LIMIT => {
+            return Err(Error::remote(format!(
+                "rank {peer}'s host stopped answering: its data port {addr} did not answer in {} s",
+                CONNECT_LIMIT.as_secs()
+            ))
+            .with_peer(peer)
+            .with_cause(Cause::PeerUnreachable))
         }
-        match TcpStream::connect_timeout(&addr, left) {
-            Ok(s) => break s,
-            Err(e) if e.kind() == IoKind::ConnectionRefused && Instant::now() + backoff < deadline => {
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => return Err(Error::system(format!("connecting to {addr}"), &e)),
+        Err(e) if e.kind() == IoKind::ConnectionRefused => {
+            return Err(Error::remote(format!(
+                "rank {peer} died or left: its data port {addr} refused the connection (its process is gone, or its \
+                 communicator was destroyed)"
+            ))
+            .with_peer(peer)
+            .with_cause(Cause::PeerClosed))
         }
+        Err(e) => return Err(Error::system(format!("connecting to rank {peer} at {addr}"), &e).with_peer(peer)),
     };
     let mut hello = Vec::with_capacity(HELLO_BYTES);
     hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
@@ -341,8 +357,8 @@ impl Transport for TcpTransport {
         let mut out = Vec::with_capacity(lanes);
         for i in 0..lanes {
             let t = lane_token(&token, i);
-            let s = connect_with_hello(SocketAddr::new(ip, port), &self.ctx.secret, self.ctx.comm_id, &t, deadline)
-                .map_err(|e| e.with_peer(peer))?;
+            let s =
+                connect_with_hello(peer, SocketAddr::new(ip, port), &self.ctx.secret, self.ctx.comm_id, &t, deadline)?;
             configure(&s, cfg.socket_buffer)?;
             out.push(TcpSend::new(s, lane_slots(&cfg), cfg.slot_bytes, peer));
         }
@@ -705,6 +721,16 @@ mod tests {
 
     fn lo() -> IpAddr {
         "127.0.0.1".parse().unwrap()
+    }
+
+    #[test]
+    fn a_data_port_nobody_listens_on_is_a_dead_peer_at_once() {
+        let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let t = Instant::now();
+        let e = connect_with_hello(3, gone, &[1; 32], 7, &[2; 16], t + Duration::from_secs(30)).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!((e.cause, e.peer), (Some(Cause::PeerClosed), Some(3)), "{e}");
+        assert!(e.message.contains("rank 3 died or left"), "{e}");
     }
 
     #[test]
