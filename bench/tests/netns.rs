@@ -181,8 +181,13 @@ fn a_host_killed_at_a_random_moment_is_named_within_seconds() {
         seed % m
     };
     let mut phases = std::collections::BTreeSet::new();
-    for trial in 0..8 {
-        let delay = Duration::from_millis(if trial == 0 { 0 } else { rnd(3000) });
+    for trial in 0..12 {
+        // half of the kills in the first second, where init and the first setups are
+        let delay = Duration::from_millis(match trial {
+            0 => 0,
+            t if t % 2 == 1 => rnd(1000),
+            _ => rnd(3000),
+        });
         let victim = 1 + rnd(3) as usize;
         let child = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
             .args(["--np", "4", "--netns", "cclt-h1,cclt-h2,cclt-h3,cclt-h4", "--pidns"])
