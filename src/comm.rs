@@ -933,10 +933,18 @@ impl Shared {
         let started = Instant::now();
         let mut next_report = self.cfg.wait_report.map(|r| started + r);
         let mut watch = crate::beacon::Watch::default();
+        let what = doing.map_or_else(|| "its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
+        let (me, p) = (&self.peers[self.rank], &self.peers[peer]);
+        // a peer that will never connect: said at once, not at the timeout
+        let gone = |how: String, cause: Cause| {
+            Error::remote(format!("connection setup: rank {peer} {how}, before connecting (for {what})"))
+                .with_rank(self.rank)
+                .with_peer(peer)
+                .with_cause(cause)
+        };
         loop {
             let now = Instant::now();
             if next_report.is_some_and(|t| now >= t) {
-                let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
                 crate::log::notice(
                     Some(self.rank),
                     &format!(
@@ -951,33 +959,18 @@ impl Shared {
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(Error::comm_aborted().with_rank(self.rank));
             }
-            // a peer on this machine that died will never connect: say so now, not at the timeout
-            let p = &self.peers[peer];
-            if p.machine == self.peers[self.rank].machine && !oxccl_transport::process_alive(p.pid) {
-                let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
-                return Err(Error::remote(format!(
-                    "connection setup: rank {peer} (pid {}) died before connecting (for {what}): its process is gone",
-                    p.pid
-                ))
-                .with_rank(self.rank)
-                .with_peer(peer)
-                .with_cause(Cause::PeerDied));
+            // on this machine its pid tells
+            if p.machine == me.machine && !oxccl_transport::process_alive(p.pid) {
+                return Err(gone(format!("(pid {}) died: its process is gone", p.pid), Cause::PeerDied));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
                 Ok(v) => return Ok(v),
                 Err(e) if e.kind == crate::ErrorKind::Timeout && !left.is_zero() => {
-                    // a peer on another machine: its beacon says whether it is still there
-                    if p.machine != self.peers[self.rank].machine {
+                    // on another machine its beacon tells
+                    if p.machine != me.machine {
                         if let Some((why, cause)) = watch.check(p.ip, p.beacon) {
-                            let what = doing.map_or("its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
-                            return Err(Error::remote(format!(
-                                "connection setup: rank {peer} on {} ({}) {why}, before connecting (for {what})",
-                                p.hostname, p.ip
-                            ))
-                            .with_rank(self.rank)
-                            .with_peer(peer)
-                            .with_cause(cause));
+                            return Err(gone(format!("on {} ({}) {why}", p.hostname, p.ip), cause));
                         }
                     }
                     if let Some((seq, what)) = doing {
