@@ -1,0 +1,299 @@
+//! One operation's state machine: its steps, run as far as the connections allow.
+
+use super::step::oob;
+use super::{apply_step, Blocked, Conns, OpMem};
+use crate::schedule::{Buf, Fingerprint, Schedule, Slice, Step};
+use crate::types::ReduceOp;
+use crate::{Error, Result};
+use oxccl_transport::Header;
+
+/// The running state of one operation on one rank.
+pub struct OpRun<'a> {
+    /// Index of the communicator in the `drive` call.
+    pub comm: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the communicator.
+    pub nranks: usize,
+    /// Communicator id (frame header).
+    pub comm_id: u64,
+    /// Sequence number (collective counter, or per-peer counter for point to point).
+    pub seq: u64,
+    /// What the operation is.
+    pub fp: Fingerprint,
+    /// The steps (shared with the communicator's schedule cache).
+    pub sched: std::sync::Arc<Schedule>,
+    /// Next step.
+    pub pc: usize,
+    /// Buffers.
+    pub mem: OpMem<'a>,
+    tx_idx: Vec<u32>,
+    rx_idx: Vec<u32>,
+    /// What the op waits on, if it is blocked.
+    pub blocked: Option<Blocked>,
+}
+
+/// Messages of at least this many bytes are sent by reference (single copy) where the
+/// schedule, the transport and the operation's size (count × type size, at least the
+/// connection's [`oxccl_transport::SendConn::borrow_min_op`]) allow.
+const BORROW_MIN: usize = 4096;
+
+impl<'a> OpRun<'a> {
+    /// The peers whose messages of this op have arrived: they reached it.
+    pub fn heard_from(&self) -> Vec<usize> {
+        self.rx_idx.iter().enumerate().filter(|(_, &n)| n > 0).map(|(p, _)| p).collect()
+    }
+
+    /// A new op at step 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        comm: usize,
+        rank: usize,
+        nranks: usize,
+        comm_id: u64,
+        seq: u64,
+        fp: Fingerprint,
+        sched: std::sync::Arc<Schedule>,
+        mem: OpMem<'a>,
+    ) -> Self {
+        OpRun {
+            comm,
+            rank,
+            nranks,
+            comm_id,
+            seq,
+            fp,
+            sched,
+            pc: 0,
+            mem,
+            tx_idx: vec![0; nranks],
+            rx_idx: vec![0; nranks],
+            blocked: None,
+        }
+    }
+
+    /// The same op with owned buffers, detached from any borrow (`None` if its buffers are
+    /// borrowed).
+    pub fn into_static(self) -> Option<OpRun<'static>> {
+        let mem: OpMem<'static> = match self.mem {
+            OpMem::OwnedSplit { input, output } => OpMem::OwnedSplit { input, output },
+            OpMem::OwnedInPlace { buf, in_off, out_off } => OpMem::OwnedInPlace { buf, in_off, out_off },
+            _ => return None,
+        };
+        Some(OpRun {
+            comm: self.comm,
+            rank: self.rank,
+            nranks: self.nranks,
+            comm_id: self.comm_id,
+            seq: self.seq,
+            fp: self.fp,
+            sched: self.sched,
+            pc: self.pc,
+            mem,
+            tx_idx: self.tx_idx,
+            rx_idx: self.rx_idx,
+            blocked: self.blocked,
+        })
+    }
+
+    /// Whether every step ran.
+    pub fn done(&self) -> bool {
+        self.pc >= self.sched.steps.len()
+    }
+
+    fn context(&self, e: Error) -> Error {
+        e.with_rank(self.rank).with_op(self.fp.to_string()).with_seq(self.seq)
+    }
+
+    /// Run as many steps as possible without blocking. Returns whether any step ran.
+    pub fn poll(&mut self, conns: &mut Conns) -> Result<bool> {
+        let mut progressed = false;
+        self.blocked = None;
+        while let Some(step) = self.sched.steps.get(self.pc).copied() {
+            match self.try_step(self.pc, &step, conns) {
+                Ok(true) => {
+                    self.pc += 1;
+                    progressed = true;
+                }
+                Ok(false) => break,
+                Err(e) => return Err(self.context(e)),
+            }
+        }
+        Ok(progressed)
+    }
+
+    fn try_step(&mut self, pc: usize, step: &Step, conns: &mut Conns) -> Result<bool> {
+        let es = self.fp.dtype.size();
+        let len = step.count * es;
+        let Conns { send, recv } = conns;
+        let split = matches!(self.mem, OpMem::Split { .. } | OpMem::OwnedSplit { .. });
+        // 1. the send side first, so nothing is received that could not be passed on
+        let mut borrowed: Option<Slice> = None;
+        let mut slot = None;
+        if let Some(q) = step.send {
+            let c = send[q].as_mut().ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
+            if c.max_message() < len {
+                return Err(Error::internal("step larger than the connection's messages"));
+            }
+            let premul_input = |v: Slice| matches!(self.fp.op, ReduceOp::PreMulSum(_)) && v.buf == Buf::Input;
+            let op_bytes = self.fp.count * es;
+            let candidate = (split && len >= BORROW_MIN && op_bytes >= c.borrow_min_op())
+                .then(|| self.sched.stable_send(pc))
+                .flatten()
+                .filter(|v| !(premul_input(*v) && step.dst.is_none()));
+            if let Some(v) = candidate {
+                match c.borrow_ready(len).map_err(|e| e.with_peer(q))? {
+                    None => {
+                        self.blocked = Some(Blocked::Send(q));
+                        return Ok(false);
+                    }
+                    Some(true) => borrowed = Some(v),
+                    Some(false) => {}
+                }
+            }
+            if borrowed.is_none() {
+                match c.reserve().map_err(|e| e.with_peer(q))? {
+                    None => {
+                        self.blocked = Some(Blocked::Send(q));
+                        return Ok(false);
+                    }
+                    Some(s) => slot = Some(s),
+                }
+            }
+        }
+        // 2. the receive side: a pure copy of a message sent by reference goes straight from
+        // the peer's memory into the destination (single copy)
+        let mut direct = false;
+        if let (Some(p), None, Some(d), false, true) = (step.recv, step.src, step.dst, step.post, split) {
+            let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
+            let expect = Expect::of(self, p, len);
+            let dst = output_window(&mut self.mem, d.offset * es, len)?;
+            if c.take_into(dst, &|h| expect.check(h)).map_err(|e| e.with_peer(p))?.is_some() {
+                direct = true;
+                RECEIVED_DIRECT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(s) = slot.as_deref_mut() {
+                    s[..len].copy_from_slice(dst);
+                }
+            }
+        }
+        if !direct {
+            let msg = match step.recv {
+                Some(p) => {
+                    let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
+                    match c.peek().map_err(|e| e.with_peer(p))? {
+                        None => {
+                            self.blocked = Some(Blocked::Recv(p));
+                            return Ok(false);
+                        }
+                        Some((h, data)) => {
+                            Expect::of(self, p, len).check(&h)?;
+                            Some(data)
+                        }
+                    }
+                }
+                None => None,
+            };
+            apply_step(step, self.fp.dtype, self.fp.op, self.nranks, &mut self.mem, msg, slot)?;
+        }
+        if let Some(q) = step.send {
+            let h = Header {
+                len: len as u32,
+                comm: self.comm_id,
+                seq: self.seq,
+                count: self.fp.count_word(),
+                step: self.tx_idx[q],
+                call: self.fp.call_word(),
+            };
+            self.tx_idx[q] += 1;
+            let c = send[q].as_mut().unwrap();
+            match borrowed {
+                Some(v) => {
+                    SENT_BY_REFERENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    c.commit_borrowed(h, window_addr(&self.mem, v, es, len)?)
+                }
+                None => c.commit(h),
+            }
+            .map_err(|e| e.with_peer(q))?;
+        }
+        if let Some(p) = step.recv {
+            self.rx_idx[p] += 1;
+            recv[p].as_mut().unwrap().consume().map_err(|e| e.with_peer(p))?;
+        }
+        Ok(true)
+    }
+}
+
+static SENT_BY_REFERENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static RECEIVED_DIRECT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Single-copy counters of this process: (messages sent by reference, messages copied straight
+/// from a sender's memory into their destination).
+pub fn single_copy_counts() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (SENT_BY_REFERENCE.load(Relaxed), RECEIVED_DIRECT.load(Relaxed))
+}
+
+/// What the next message from a peer must carry.
+#[derive(Clone, Copy)]
+struct Expect {
+    rank: usize,
+    peer: usize,
+    comm_id: u64,
+    seq: u64,
+    fp: Fingerprint,
+    step: u32,
+    len: usize,
+}
+
+impl Expect {
+    fn of(op: &OpRun<'_>, peer: usize, len: usize) -> Expect {
+        Expect { rank: op.rank, peer, comm_id: op.comm_id, seq: op.seq, fp: op.fp, step: op.rx_idx[peer], len }
+    }
+
+    fn check(&self, h: &Header) -> Result<()> {
+        let (peer, len) = (self.peer, self.len);
+        let call = self.fp.call_word();
+        if h.comm != self.comm_id || h.seq != self.seq || h.count != self.fp.count_word() || h.call != call {
+            return Err(Error::invalid_usage(format!(
+                "mismatched operations: rank {} called {} (op #{}) but rank {peer} called {} (op #{}){}",
+                self.rank,
+                self.fp,
+                self.seq,
+                Fingerprint::describe_wire(h.count, h.call),
+                h.seq,
+                if h.comm != self.comm_id { " on another communicator" } else { "" }
+            ))
+            .with_peer(peer)
+            .with_cause(oxccl_transport::Cause::Mismatch));
+        }
+        if h.step != self.step || h.len as usize != len {
+            return Err(Error::internal(format!(
+                "message {} of {} bytes from rank {peer}, expected message {} of {len} bytes",
+                h.step, h.len, self.step
+            ))
+            .with_peer(peer));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes `[off, off + len)` of the output buffer of an operation with separate buffers.
+fn output_window<'m>(mem: &'m mut OpMem<'_>, off: usize, len: usize) -> Result<&'m mut [u8]> {
+    let out: &mut [u8] = match mem {
+        OpMem::Split { output, .. } => output,
+        OpMem::OwnedSplit { output, .. } => output.bytes_mut(),
+        _ => return Err(Error::internal("single copy needs separate buffers")),
+    };
+    out.get_mut(off..off + len).ok_or_else(oob)
+}
+
+/// The address of a slice of an operation with separate buffers (a value sent by reference).
+fn window_addr(mem: &OpMem<'_>, v: Slice, es: usize, len: usize) -> Result<usize> {
+    let (input, output): (&[u8], &[u8]) = match mem {
+        OpMem::Split { input, output } => (input, output),
+        OpMem::OwnedSplit { input, output } => (input.bytes(), output.bytes()),
+        _ => return Err(Error::internal("single copy needs separate buffers")),
+    };
+    let b = if v.buf == Buf::Input { input } else { output };
+    b.get(v.offset * es..v.offset * es + len).map(|x| x.as_ptr() as usize).ok_or_else(oob)
+}
