@@ -97,6 +97,8 @@ pub(crate) struct Shared {
     held: Held,
     state: Mutex<State>,
     aborted: AtomicBool,
+    /// Whether `state.error` is set (read without the lock before each poll).
+    failed: AtomicBool,
     abort_bell: Doorbell,
     busy: AtomicBool,
     pub(crate) async_pending: Mutex<usize>,
@@ -130,11 +132,20 @@ impl Drop for Shared {
 }
 
 impl DriveComm for Shared {
-    fn with_conns<R>(&self, f: impl FnOnce(&mut Conns) -> R) -> R {
+    fn visit_conns(&self, f: &mut dyn FnMut(&mut Conns)) {
         f(&mut self.state.lock().unwrap().conns)
     }
     fn aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
+    }
+    fn failure(&self) -> Option<Error> {
+        if self.aborted() {
+            return Some(Error::comm_aborted().with_rank(self.rank));
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return self.sticky_error();
+        }
+        None
     }
     fn peer_lost(&self, peer: usize) -> Option<Error> {
         let p = self.peers.get(peer)?;
@@ -167,6 +178,21 @@ impl DriveComm for Shared {
     }
     fn rank(&self) -> usize {
         self.rank
+    }
+}
+
+impl crate::progress::AsyncComm for Shared {
+    fn failed(&self, e: Error) {
+        self.set_error(e)
+    }
+    fn queued(&self, more: bool) {
+        let mut g = self.async_pending.lock().unwrap();
+        if more {
+            *g += 1;
+        } else {
+            *g -= 1;
+            self.async_cv.notify_all();
+        }
     }
 }
 
@@ -417,6 +443,7 @@ impl Communicator {
                     last_sched: None,
                 }),
                 aborted: AtomicBool::new(false),
+                failed: AtomicBool::new(false),
                 abort_bell: Doorbell::new()?,
                 busy: AtomicBool::new(false),
                 async_pending: Mutex::new(0),
@@ -644,12 +671,16 @@ impl Communicator {
             .and_then(|r| r.into_static())
             .ok_or_else(|| Error::internal("owned op lost its buffers"))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        crate::progress::submit(crate::progress::Job {
-            sh: self.sh.clone(),
-            run,
-            done: tx,
-            deadline: Instant::now() + self.sh.cfg.timeout,
-        })?;
+        let started = Instant::now();
+        let sh = &self.sh;
+        let policy = Policy {
+            spin: sh.spin,
+            yield_for: sh.yield_for,
+            deadline: started + sh.cfg.timeout,
+            report: sh.cfg.wait_report,
+            started,
+        };
+        crate::progress::submit(crate::progress::Job { comm: sh.clone(), run, done: tx, policy })?;
         Ok(Request { rx, conv: Ok, done: None })
     }
 
@@ -1191,6 +1222,7 @@ impl Shared {
                 return;
             }
             st.error = Some(e.clone());
+            self.failed.store(true, Ordering::Release);
             std::mem::replace(&mut st.conns, Conns::new(self.nranks))
         };
         if let Some(dir) = &self.cfg.dump_dir {
@@ -1382,16 +1414,6 @@ impl Shared {
     /// The first error, if any.
     pub(crate) fn sticky_error(&self) -> Option<Error> {
         self.state.lock().unwrap().error.clone()
-    }
-
-    /// How often a long wait says what it waits for (`OXCCL_WAIT_REPORT`).
-    pub(crate) fn wait_report(&self) -> Option<std::time::Duration> {
-        self.cfg.wait_report
-    }
-
-    /// Busy-poll and yield times in force.
-    pub(crate) fn waits(&self) -> (std::time::Duration, std::time::Duration) {
-        (self.spin, self.yield_for)
     }
 
     /// Wait until the asynchronous operations already queued on this communicator finished.
@@ -1624,16 +1646,7 @@ impl<'a> Group<'a> {
             .iter()
             .enumerate()
             .map(|(ci, sh)| {
-                let (mut rx, mut tx) = (Vec::new(), Vec::new());
-                for r in runs.iter().filter(|r| r.comm == ci) {
-                    let (a, b) = r.sched.peers();
-                    rx.extend_from_slice(a);
-                    tx.extend_from_slice(b);
-                }
-                rx.sort_unstable();
-                rx.dedup();
-                tx.sort_unstable();
-                tx.dedup();
+                let (rx, tx) = crate::exec::peers_of(runs.iter().filter(|r| r.comm == ci));
                 let mine: Vec<&OpRun<'_>> = runs.iter().filter(|r| r.comm == ci).collect();
                 let doing = match mine.as_slice() {
                     [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp)),

@@ -47,12 +47,6 @@ impl Order {
         self.ready.iter().copied()
     }
 
-    /// Copy [`Order::ready`] into `out` (cleared first), so the caller may retire while it walks.
-    pub fn ready_into(&self, out: &mut Vec<u64>) {
-        out.clear();
-        out.extend(self.ready());
-    }
-
     /// Operation `id` no longer uses its connections (it finished, or failed): the next in each
     /// of its lines may move once first everywhere. Unknown ids are ignored.
     pub fn retire(&mut self, id: u64) {
@@ -80,6 +74,7 @@ impl Order {
     }
 
     /// Number of queued operations.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ops.len()
     }

@@ -5,21 +5,28 @@
 //! are threads of one process cannot deadlock on it), keeps operations of one communicator in
 //! submission order, and sleeps in `poll(2)` when nothing can move (no CPU when idle).
 
-use crate::comm::Shared;
-use crate::exec::{block, hang_report, wait_note, DriveComm, OpMem, OpRun};
-use crate::order::Order;
+use crate::exec::{DriveComm, Engine, Finished, OpMem, OpRun, Policy, Runs};
 use crate::{Error, Result};
 use oxccl_transport::wait::{wait_any, Doorbell, WaitSource};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::HashMap;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+/// What the progress thread needs from a communicator beyond what the engine needs.
+pub(crate) trait AsyncComm: DriveComm + Send + Sync {
+    /// An operation of this communicator failed: the communicator is in error from now on.
+    fn failed(&self, e: Error);
+    /// An operation of this communicator was queued (`true`) or finished (`false`).
+    fn queued(&self, more: bool);
+}
+
+/// An operation (already connected) for the progress thread.
 pub(crate) struct Job {
-    pub sh: Arc<Shared>,
+    pub comm: Arc<dyn AsyncComm>,
     pub run: OpRun<'static>,
     pub done: Sender<Result<OpMem<'static>>>,
-    pub deadline: Instant,
+    pub policy: Policy,
 }
 
 struct Queue {
@@ -52,37 +59,26 @@ fn queue() -> Result<&'static Queue> {
 /// Hand an operation (already connected) to the progress thread.
 pub(crate) fn submit(job: Job) -> Result<()> {
     let q = queue()?;
-    *job.sh.async_pending.lock().unwrap() += 1;
+    job.comm.queued(true);
     q.jobs.lock().unwrap().push(job);
     q.bell.ring();
     Ok(())
 }
 
+/// Where a finished operation's outcome goes.
 struct Meta {
-    sh: Arc<Shared>,
+    comm: Arc<dyn AsyncComm>,
     done: Sender<Result<OpMem<'static>>>,
-    deadline: Instant,
-    started: Instant,
-    /// When to say next what the operation waits for ([`crate::Config::wait_report`]).
-    next_report: Option<Instant>,
 }
 
 fn finish(meta: Meta, run: OpRun<'static>, res: Result<()>) {
     // name the operation (a dead peer is found by the transport, which knows only the peer)
     let res = res.map_err(|e| if e.op.is_none() { e.with_op(run.fp.to_string()).with_seq(run.seq) } else { e });
     if let Err(e) = &res {
-        meta.sh.set_error(e.clone());
+        meta.comm.failed(e.clone());
     }
     let _ = meta.done.send(res.map(|_| run.mem));
-    let mut g = meta.sh.async_pending.lock().unwrap();
-    *g -= 1;
-    meta.sh.async_cv.notify_all();
-}
-
-/// A queued operation and what the thread knows of it.
-struct Entry {
-    run: OpRun<'static>,
-    meta: Meta,
+    meta.comm.queued(false);
 }
 
 /// The communicators of queued operations, by the index their runs carry. A slot is emptied
@@ -90,12 +86,13 @@ struct Entry {
 /// kept alive by another's traffic.
 #[derive(Default)]
 struct Comms {
-    slots: Vec<Option<(Arc<Shared>, usize)>>,
+    slots: Vec<Option<(Arc<dyn AsyncComm>, usize)>>,
 }
 
 impl Comms {
-    fn index(&mut self, sh: &Arc<Shared>) -> usize {
-        if let Some(i) = self.slots.iter().position(|s| s.as_ref().is_some_and(|(x, _)| Arc::ptr_eq(x, sh))) {
+    fn index(&mut self, c: &Arc<dyn AsyncComm>) -> usize {
+        let same = |x: &Arc<dyn AsyncComm>| std::ptr::addr_eq(Arc::as_ptr(x), Arc::as_ptr(c));
+        if let Some(i) = self.slots.iter().position(|s| s.as_ref().is_some_and(|(x, _)| same(x))) {
             self.slots[i].as_mut().unwrap().1 += 1;
             return i;
         }
@@ -104,7 +101,7 @@ impl Comms {
         if i == self.slots.len() {
             self.slots.push(None);
         }
-        self.slots[i] = Some((sh.clone(), 1));
+        self.slots[i] = Some((c.clone(), 1));
         i
     }
 
@@ -118,161 +115,51 @@ impl Comms {
     }
 
     /// Every slot as a communicator (an empty slot, which no op refers to, shows a live one).
-    fn refs(&self) -> Vec<&Shared> {
+    fn refs(&self) -> Vec<&dyn AsyncComm> {
         let Some(any) = self.slots.iter().flatten().next() else { return vec![] };
         self.slots.iter().map(|s| &*s.as_ref().unwrap_or(any).0).collect()
     }
 }
 
-fn main_loop(q: &'static Queue) {
-    let mut entries: BTreeMap<u64, Entry> = BTreeMap::new();
-    let mut order = Order::default();
-    let mut comms = Comms::default();
-    // ops whose steps are done and whose sends may still be leaving the process
-    let mut flushing: BTreeSet<u64> = BTreeSet::new();
-    let mut next_id = 0u64;
-    let mut movable: Vec<u64> = Vec::new();
-    let mut idle_since: Option<Instant> = None;
-    loop {
-        for j in q.jobs.lock().unwrap().drain(..) {
-            let mut run = j.run;
-            run.comm = comms.index(&j.sh);
-            let (rx, tx) = run.sched.peers();
-            order.push(next_id, run.comm, rx, tx);
-            let started = Instant::now();
-            let next_report = j.sh.wait_report().map(|r| started + r);
-            let meta = Meta { sh: j.sh, done: j.done, deadline: j.deadline, started, next_report };
-            entries.insert(next_id, Entry { run, meta });
-            next_id += 1;
-        }
-        if entries.is_empty() {
-            let _ = wait_any(&[WaitSource::doorbell(q.bell.read_fd())], Duration::from_secs(3600));
-            continue;
-        }
-        let refs = comms.refs();
-        let mut progressed = false;
-        let mut outcome: Vec<(u64, Result<()>)> = Vec::new();
-        order.ready_into(&mut movable);
-        for &id in &movable {
-            let run = &mut entries.get_mut(&id).expect("a ready op is queued").run;
-            let ci = run.comm;
-            let res = if refs[ci].aborted() {
-                Err(Error::comm_aborted().with_rank(refs[ci].rank()))
-            } else if let Some(e) = refs[ci].sticky_error() {
-                Err(e)
-            } else {
-                refs[ci].with_conns(|c| run.poll(c))
-            };
-            match res {
-                Ok(p) => progressed |= p,
-                Err(e) => outcome.push((id, Err(e))),
-            }
-            if run.done() {
-                // its connections are free for the next in line; it completes once flushed
-                order.retire(id);
-                flushing.insert(id);
-            }
-        }
-        // flush; an op is complete when its steps ran and its sends left the process
-        let now = Instant::now();
-        for id in movable.iter().chain(&flushing).copied().collect::<BTreeSet<u64>>() {
-            if outcome.iter().any(|o| o.0 == id) {
-                continue;
-            }
-            let Entry { run, meta } = &entries[&id];
-            let ci = run.comm;
-            let flushed = refs[ci].with_conns(|c| -> Result<bool> {
-                let mut clear = true;
-                for &q in run.sched.peers().1 {
-                    if let Some(s) = c.send[q].as_mut() {
-                        s.progress().map_err(|e| e.with_peer(q).with_rank(refs[ci].rank()))?;
-                        clear &= !s.pending();
-                    }
-                }
-                Ok(clear)
-            });
-            match flushed {
-                Err(e) => outcome.push((id, Err(e))),
-                Ok(true) if run.done() => outcome.push((id, Ok(()))),
-                Ok(_) if now >= meta.deadline => outcome.push((id, Err(hang_report(&refs, std::slice::from_ref(run))))),
-                Ok(_) => {}
-            }
-        }
-        drop(refs);
-        if !outcome.is_empty() {
-            idle_since = None;
-            for (id, res) in outcome {
-                order.retire(id);
-                flushing.remove(&id);
-                let e = entries.remove(&id).expect("a finished op is queued");
-                comms.release(e.run.comm);
-                finish(e.meta, e.run, res);
-            }
-            continue;
-        }
-        if progressed {
-            idle_since = None;
-            continue;
-        }
-        idle(q, &comms, &mut entries, &order, &flushing, &mut idle_since);
+/// The queued operations, by engine id, and where each one's outcome goes.
+#[derive(Default)]
+struct Queued(HashMap<u64, (OpRun<'static>, Meta)>);
+
+impl Runs<'static> for Queued {
+    fn run(&self, id: u64) -> &OpRun<'static> {
+        &self.0[&id].0
+    }
+    fn run_mut(&mut self, id: u64) -> &mut OpRun<'static> {
+        &mut self.0.get_mut(&id).expect("a queued op").0
     }
 }
 
-/// Nothing moved: spin, yield, then sleep on what the moving ops wait for (and the doorbell of
-/// new jobs). Only the ops that can move or are flushing are looked at: those queued behind
-/// them (same communicator, later deadline) wait for them.
-fn idle(
-    q: &'static Queue,
-    comms: &Comms,
-    entries: &mut BTreeMap<u64, Entry>,
-    order: &Order,
-    flushing: &BTreeSet<u64>,
-    idle_since: &mut Option<Instant>,
-) {
-    let now = Instant::now();
-    let since = *idle_since.get_or_insert(now);
-    let live = || comms.slots.iter().flatten().map(|(sh, _)| sh.waits());
-    let spin = live().map(|w| w.0).max().unwrap_or_default();
-    let yield_for = live().map(|w| w.1).max().unwrap_or_default();
-    if now - since < spin {
-        std::hint::spin_loop();
-        return;
-    }
-    if now - since < spin + yield_for {
-        std::thread::yield_now();
-        return;
-    }
-    let ids: Vec<u64> = order.ready().chain(flushing.iter().copied()).collect();
-    let refs = comms.refs();
-    for id in &ids {
-        let e = entries.get_mut(id).expect("an active op is queued");
-        let m = &mut e.meta;
-        if m.next_report.is_some_and(|t| now >= t) {
-            let note = wait_note(&refs, std::slice::from_ref(&e.run), now - m.started, m.deadline - m.started);
-            crate::log::notice(Some(m.sh.rank()), &note);
-            m.next_report = m.sh.wait_report().map(|r| now + r);
+/// The thread: take new jobs, turn the engine, hand back what finished; sleep on the doorbell
+/// when nothing is queued.
+fn main_loop(q: &'static Queue) {
+    let mut engine = Engine::default();
+    let mut comms = Comms::default();
+    let mut queued = Queued::default();
+    let mut out: Vec<Finished> = Vec::new();
+    let bell = [WaitSource::doorbell(q.bell.read_fd())];
+    loop {
+        for j in q.jobs.lock().unwrap().drain(..) {
+            let mut run = j.run;
+            run.comm = comms.index(&j.comm);
+            queued.0.insert(engine.next_id(), (run, Meta { comm: j.comm, done: j.done }));
+            engine.push(j.policy, &queued);
         }
-    }
-    let active: Vec<&Entry> = ids.iter().map(|id| &entries[id]).collect();
-    let mut tx_of: Vec<Vec<usize>> = vec![Vec::new(); refs.len()];
-    for e in &active {
-        tx_of[e.run.comm].extend_from_slice(e.run.sched.peers().1);
-    }
-    for t in &mut tx_of {
-        t.sort_unstable();
-        t.dedup();
-    }
-    let deadline = active.iter().map(|e| e.meta.deadline).min().unwrap_or(now + Duration::from_millis(500));
-    let moving = active.iter().map(|e| &e.run);
-    let mut res = block(&refs, moving, &tx_of, deadline, &[WaitSource::doorbell(q.bell.read_fd())]);
-    if res.is_ok() && now - since >= crate::exec::STALL {
-        if let Some(e) = crate::exec::lost_peer(&refs, active.iter().map(|e| &e.run)) {
-            res = Err(e);
+        if engine.is_empty() {
+            let _ = wait_any(&bell, Duration::from_secs(3600));
+            continue;
         }
-    }
-    if let Err(e) = res {
-        for (sh, _) in comms.slots.iter().flatten() {
-            sh.set_error(e.clone());
+        let refs = comms.refs();
+        engine.turn(&refs, &mut queued, &bell, &mut out);
+        drop(refs);
+        for (id, res) in out.drain(..) {
+            let (run, meta) = queued.0.remove(&id).expect("a finished op was queued");
+            comms.release(run.comm);
+            finish(meta, run, res);
         }
     }
 }

@@ -4,14 +4,18 @@
 //! and runs the fused copy/reduce kernel, reading the received message in place and writing
 //! straight into the send slot. The simulator's numeric mode calls the same function.
 //!
-//! [`OpRun`] is one operation's state machine; [`drive`] progresses a set of them (a group, or a
-//! single blocking call) until all finish: it polls each op as far as it can go, spins briefly
-//! when nothing moves, then arms every connection it waits on and sleeps in `poll(2)`.
+//! [`OpRun`] is one operation's state machine. The one engine (`engine.rs`) moves sets of them:
+//! [`drive`] for a group or a single blocking call, and the progress thread for asynchronous
+//! operations; both poll each op as far as it can go, spin briefly when nothing moves, then arm
+//! every connection they wait on and sleep in `poll(2)`.
 
+mod engine;
 mod run;
 mod step;
 mod wait;
 
+pub use engine::drive;
+pub(crate) use engine::{Engine, Finished, Runs};
 pub use run::{single_copy_counts, OpRun};
 pub use step::apply_step;
 pub use wait::*;

@@ -1,19 +1,24 @@
-//! Driving operations to completion: polling, flushing, spinning, blocking, and the reports of
-//! long waits.
+//! What the engine needs from a communicator, and its waits: blocking on the connections the
+//! moving operations wait for, asking after lost peers, and the reports of long waits.
 
 use super::{Blocked, Conns, OpRun};
-use crate::schedule::Schedule;
-use crate::{Error, Result};
+use crate::Error;
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::ErrorKind;
 use std::time::{Duration, Instant};
 
-/// What [`drive`] needs from each communicator involved.
+/// What the engine ([`super::drive`], the progress thread) needs from each communicator involved.
 pub trait DriveComm {
-    /// Run `f` with the communicator's connections (locking them as needed).
-    fn with_conns<R>(&self, f: impl FnOnce(&mut Conns) -> R) -> R;
+    /// Call `f` once with the communicator's connections (locking them as needed). Use
+    /// [`with_conns`], which returns `f`'s value.
+    fn visit_conns(&self, f: &mut dyn FnMut(&mut Conns));
     /// Whether the communicator was aborted.
     fn aborted(&self) -> bool;
+    /// Why operations on it can no longer run (aborted, or failed earlier), checked before each
+    /// poll: two atomic loads in the common case.
+    fn failure(&self) -> Option<Error> {
+        self.aborted().then(|| Error::comm_aborted().with_rank(self.rank()))
+    }
     /// A doorbell fd rung on abort.
     fn abort_fd(&self) -> i32;
     /// The rank, for messages.
@@ -29,16 +34,40 @@ pub trait DriveComm {
     }
 }
 
+/// Run `f` on `c`'s connections and return its value.
+pub fn with_conns<C: DriveComm + ?Sized, R>(c: &C, f: impl FnOnce(&mut Conns) -> R) -> R {
+    let mut f = Some(f);
+    let mut out = None;
+    c.visit_conns(&mut |conns| out = f.take().map(|f| f(conns)));
+    out.expect("visit_conns calls its closure once")
+}
+
+/// The peers a set of operations receives from and sends to, each sorted and distinct.
+pub(crate) fn peers_of<'o, 'm: 'o>(runs: impl IntoIterator<Item = &'o OpRun<'m>>) -> (Vec<usize>, Vec<usize>) {
+    let (mut rx, mut tx) = (Vec::new(), Vec::new());
+    for r in runs {
+        let (a, b) = r.sched.peers();
+        rx.extend_from_slice(a);
+        tx.extend_from_slice(b);
+    }
+    rx.sort_unstable();
+    rx.dedup();
+    tx.sort_unstable();
+    tx.dedup();
+    (rx, tx)
+}
+
 /// A wait stalled this long asks whether the peers it waits for on other machines are still there.
 pub const STALL: Duration = Duration::from_secs(2);
 
-/// The first peer of the moving ops (blocked on it) that [`DriveComm::peer_lost`] reports.
-pub(crate) fn lost_peer<'o, 'm: 'o, C: DriveComm>(
+/// The first peer of the moving ops (blocked on it) that [`DriveComm::peer_lost`] reports, with
+/// the index of its communicator.
+pub(crate) fn lost_peer<'o, 'm: 'o, C: DriveComm + ?Sized>(
     comms: &[&C],
     moving: impl IntoIterator<Item = &'o OpRun<'m>>,
-) -> Option<Error> {
+) -> Option<(usize, Error)> {
     moving.into_iter().filter(|o| !o.done()).find_map(|o| match o.blocked {
-        Some(Blocked::Recv(p) | Blocked::Send(p)) => comms[o.comm].peer_lost(p),
+        Some(Blocked::Recv(p) | Blocked::Send(p)) => comms[o.comm].peer_lost(p).map(|e| (o.comm, e)),
         None => None,
     })
 }
@@ -87,152 +116,20 @@ pub(crate) fn record_wait(idle: Duration, spin: Duration, max: Duration) {
     });
 }
 
-/// Drive `ops` until all are done and their sends flushed. Ops on the same connection run in
-/// list order (an op may only use a connection once every earlier op is done with it); the
-/// cost of that rule is linear in the ops (one line per connection: `src/order.rs`).
-pub fn drive<C: DriveComm>(comms: &[&C], ops: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
-    let max_spin = policy.spin;
-    let mut policy = policy;
-    policy.spin = adaptive_spin(max_spin);
-    let scheds: Vec<std::sync::Arc<Schedule>> = ops.iter().map(|o| o.sched.clone()).collect();
-    let uses: Vec<(&[usize], &[usize])> = scheds.iter().map(|s| s.peers()).collect();
-    let tx_of: Vec<Vec<usize>> = (0..comms.len()).map(|ci| peers_of(ops, &uses, ci).1).collect();
-    // one op needs no lines (the fast path allocates nothing for them)
-    let mut order = (ops.len() > 1).then(|| {
-        let mut o = crate::order::Order::default();
-        for (i, (op, u)) in ops.iter().zip(&uses).enumerate() {
-            o.push(i as u64, op.comm, u.0, u.1);
-        }
-        o
-    });
-    let mut movable: Vec<u64> = Vec::new();
-    let mut idle_passes = 0u32;
-    let mut idle_since: Option<Instant> = None;
-    let started = policy.started;
-    let mut next_report = policy.report.map(|r| started + r);
-    let mut census_begun = false;
-    loop {
-        let mut progressed = false;
-        let all_done = match order.as_mut() {
-            None => {
-                for op in ops.iter_mut().filter(|o| !o.done()) {
-                    progressed |= comms[op.comm].with_conns(|c| op.poll(c))?;
-                }
-                ops.iter().all(|o| o.done())
-            }
-            Some(order) => {
-                order.ready_into(&mut movable);
-                for &id in &movable {
-                    let op = &mut ops[id as usize];
-                    progressed |= comms[op.comm].with_conns(|c| op.poll(c))?;
-                    if op.done() {
-                        order.retire(id);
-                    }
-                }
-                order.len() == 0
-            }
-        };
-        // flush, and find out whether anything is still in flight
-        let mut pending = false;
-        for (c, tx) in comms.iter().zip(&tx_of) {
-            c.with_conns(|conns| -> Result<()> {
-                for &q in tx {
-                    if let Some(s) = conns.send[q].as_mut() {
-                        s.progress().map_err(|e| e.with_peer(q).with_rank(c.rank()))?;
-                        pending |= s.pending();
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        if all_done && !pending {
-            return Ok(());
-        }
-        if progressed {
-            if let Some(since) = idle_since.take() {
-                record_wait(since.elapsed(), policy.spin, max_spin);
-                policy.spin = adaptive_spin(max_spin);
-            }
-            idle_passes = 0;
-            continue;
-        }
-        // idle: spin a while (reading the clock only every 64 passes: short waits, the common
-        // case for small messages, never read it), yield a while, then block
-        idle_passes += 1;
-        if idle_passes % 64 != 0 && !policy.spin.is_zero() {
-            std::hint::spin_loop();
-            continue;
-        }
-        for c in comms {
-            if c.aborted() {
-                return Err(Error::comm_aborted().with_rank(c.rank()));
-            }
-        }
-        let now = Instant::now();
-        let since = *idle_since.get_or_insert(now);
-        if now >= policy.deadline {
-            return Err(hang_report(comms, ops));
-        }
-        if !census_begun && now + CENSUS_LEAD >= policy.deadline && now - started >= CENSUS_LEAD {
-            census_begun = true;
-            let p2p = |o: &&OpRun<'_>| matches!(o.fp.coll, crate::Coll::Send | crate::Coll::Recv);
-            if let Some(o) = ops.iter().find(|o| !o.done() && !p2p(o)) {
-                comms[o.comm].near_deadline(o.seq);
-            }
-        }
-        if now - since < policy.spin {
-            continue;
-        }
-        if now - since < policy.spin + policy.yield_for {
-            std::thread::yield_now();
-            continue;
-        }
-        if next_report.is_some_and(|t| now >= t) {
-            crate::log::notice(None, &wait_note(comms, ops, now - started, policy.deadline - started));
-            next_report = policy.report.map(|r| now + r);
-        }
-        match order.as_ref() {
-            None => block(comms, ops.iter(), &tx_of, policy.deadline, &[])?,
-            Some(o) => block(comms, o.ready().map(|id| &ops[id as usize]), &tx_of, policy.deadline, &[])?,
-        }
-        if now - since >= STALL {
-            let lost = match order.as_ref() {
-                None => lost_peer(comms, ops.iter()),
-                Some(o) => lost_peer(comms, o.ready().map(|id| &ops[id as usize])),
-            };
-            if let Some(e) = lost {
-                return Err(e);
-            }
-        }
-    }
-}
-
-pub(crate) fn peers_of(ops: &[OpRun<'_>], uses: &[(&[usize], &[usize])], comm: usize) -> (Vec<usize>, Vec<usize>) {
-    let mut rx = vec![];
-    let mut tx = vec![];
-    for (o, u) in ops.iter().zip(uses) {
-        if o.comm == comm {
-            rx.extend_from_slice(u.0);
-            tx.extend_from_slice(u.1);
-        }
-    }
-    rx.sort_unstable();
-    rx.dedup();
-    tx.sort_unstable();
-    tx.dedup();
-    (rx, tx)
-}
+/// Why a [`block`] failed: the error, and the index of the communicator whose connection failed
+/// (`None`: the wait itself failed).
+pub(crate) type BlockError = Box<(Option<usize>, Error)>;
 
 /// Arm everything the moving ops wait on (their blocking peers, plus sends in `tx_of[comm]` with
 /// unflushed data) and sleep until one is ready, or at most 500 ms so the deadline and abort
 /// are checked.
-pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
+pub(crate) fn block<'o, 'm: 'o, C: DriveComm + ?Sized>(
     comms: &[&C],
     moving: impl IntoIterator<Item = &'o OpRun<'m>>,
     tx_of: &[Vec<usize>],
     deadline: Instant,
     extra: &[WaitSource],
-) -> Result<()> {
+) -> Result<(), BlockError> {
     let mut sources: Vec<WaitSource> = comms.iter().map(|c| WaitSource::doorbell(c.abort_fd())).collect();
     sources.extend_from_slice(extra);
     let mut wanted: Vec<(usize, Blocked)> = vec![];
@@ -245,7 +142,7 @@ pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
     }
     for (ci, (c, tx)) in comms.iter().zip(tx_of).enumerate() {
         for &q in tx {
-            if c.with_conns(|conns| conns.send[q].as_ref().is_some_and(|s| s.pending())) {
+            if with_conns(*c, |conns| conns.send[q].as_ref().is_some_and(|s| s.pending())) {
                 wanted.push((ci, Blocked::Send(q)));
             }
         }
@@ -268,7 +165,7 @@ pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
     let mut armed = vec![];
     let mut ready = false;
     for &(ci, b) in &wanted {
-        let r = comms[ci].with_conns(|conns| match b {
+        let r = with_conns(comms[ci], |conns| match b {
             Blocked::Recv(p) => conns.recv[p].as_mut().map(|c| c.arm()),
             Blocked::Send(q) => conns.send[q].as_mut().map(|c| c.arm()),
         });
@@ -278,7 +175,7 @@ pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
             Some(Ok(None)) => ready = true,
             Some(Err(e)) => {
                 disarm(comms, &armed);
-                return Err(e.with_rank(comms[ci].rank()));
+                return Err(Box::new((Some(ci), e.with_rank(comms[ci].rank()))));
             }
             None => {}
         }
@@ -288,7 +185,7 @@ pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
     }
     if !ready {
         let left = deadline.saturating_duration_since(Instant::now());
-        wait_any(&sources, left.min(Duration::from_millis(500)))?;
+        wait_any(&sources, left.min(Duration::from_millis(500))).map_err(|e| Box::new((None, e)))?;
     }
     disarm(comms, &armed);
     // a peer that died without closing anything (shared memory) is noticed here; a peer that
@@ -312,7 +209,7 @@ pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
         };
     }
     for &(ci, b) in &armed {
-        let r = comms[ci].with_conns(|conns| match b {
+        let r = with_conns(comms[ci], |conns| match b {
             Blocked::Recv(p) => conns.recv[p].as_mut().map_or(Ok(()), |c| dead_and_not_ready!(c)),
             Blocked::Send(q) => conns.send[q].as_mut().map_or(Ok(()), |c| dead_and_not_ready!(c)),
         });
@@ -320,15 +217,15 @@ pub(crate) fn block<'o, 'm: 'o, C: DriveComm>(
             let p = match b {
                 Blocked::Recv(p) | Blocked::Send(p) => p,
             };
-            return Err(e.with_peer(p).with_rank(comms[ci].rank()));
+            return Err(Box::new((Some(ci), e.with_peer(p).with_rank(comms[ci].rank()))));
         }
     }
     Ok(())
 }
 
-fn disarm<C: DriveComm>(comms: &[&C], armed: &[(usize, Blocked)]) {
+fn disarm<C: DriveComm + ?Sized>(comms: &[&C], armed: &[(usize, Blocked)]) {
     for &(ci, b) in armed {
-        comms[ci].with_conns(|conns| match b {
+        with_conns(comms[ci], |conns| match b {
             Blocked::Recv(p) => {
                 if let Some(c) = conns.recv[p].as_mut() {
                     c.disarm()
@@ -345,7 +242,12 @@ fn disarm<C: DriveComm>(comms: &[&C], armed: &[(usize, Blocked)]) {
 
 /// What a long wait waits for, for the periodic report: "rank 0: waiting for ranks [1] in
 /// allreduce #12 (float, 4 MiB), 30 of 600 s".
-pub(crate) fn wait_note<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>], waited: Duration, limit: Duration) -> String {
+pub(crate) fn wait_note<C: DriveComm + ?Sized>(
+    comms: &[&C],
+    ops: &[&OpRun<'_>],
+    waited: Duration,
+    limit: Duration,
+) -> String {
     let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
     let mut peers: Vec<usize> = ops
         .iter()
@@ -383,7 +285,9 @@ pub fn human_bytes(b: usize) -> String {
     }
 }
 
-pub(crate) fn hang_report<C: DriveComm>(comms: &[&C], ops: &[OpRun<'_>]) -> Error {
+/// The error of operations that reached their deadline: the first unfinished ones (those that
+/// could move) named with what each waits for, and how many more queue behind them.
+pub(crate) fn hang_report<C: DriveComm + ?Sized>(comms: &[&C], ops: &[&OpRun<'_>]) -> Error {
     let mut parts = vec![];
     // the first unfinished ops are the ones that could move; the rest queue behind them
     const NAMED: usize = 8;
