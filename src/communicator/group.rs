@@ -1,0 +1,258 @@
+//! Groups: operations that progress together, and their preparation (sequence numbers,
+//! schedules, connections).
+
+use super::*;
+use crate::exec::{drive, OpMem, OpRun, Policy};
+use crate::runtime::Setup;
+use crate::schedule::{build, Coll, Fingerprint, Params};
+use crate::select::CallOptions;
+use crate::types::{Element, ReduceOp};
+use crate::Result;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Operations that progress together (`ncclGroupStart`/`ncclGroupEnd`): matching sends and
+/// receives, and operations on many communicators from one thread, cannot deadlock.
+///
+/// ```no_run
+/// # use oxccl::{Communicator, Group};
+/// # fn f(comms: &[Communicator], a: &[f32], b: &mut [f32]) -> oxccl::Result<()> {
+/// let (c, n) = (&comms[0], comms[0].size());
+/// let mut g = Group::new();
+/// g.send(c, a, (c.rank() + 1) % n)?;
+/// g.recv(c, b, (c.rank() + n - 1) % n)?;
+/// g.run()?;
+/// # Ok(()) }
+/// ```
+#[derive(Default)]
+pub struct Group<'a> {
+    ops: Vec<(&'a Communicator, OpDesc, CallOptions, OpMem<'a>)>,
+}
+
+impl<'a> Group<'a> {
+    /// An empty group.
+    pub fn new() -> Self {
+        Group { ops: Vec::new() }
+    }
+
+    /// Add any operation in its untyped form.
+    pub fn add(&mut self, comm: &'a Communicator, desc: OpDesc, mem: OpMem<'a>) -> Result<&mut Self> {
+        self.add_with(comm, desc, CallOptions::default(), mem)
+    }
+
+    /// Add an operation with per-call options (algorithm selection, profiler tag).
+    pub fn add_with(
+        &mut self,
+        comm: &'a Communicator,
+        desc: OpDesc,
+        opts: CallOptions,
+        mut mem: OpMem<'a>,
+    ) -> Result<&mut Self> {
+        comm.validate(&desc, &mem.view())?;
+        self.ops.push((comm, desc, opts, mem));
+        Ok(self)
+    }
+
+    /// Add a send.
+    pub fn send<T: Element>(&mut self, comm: &'a Communicator, buf: &'a [T], peer: usize) -> Result<&mut Self> {
+        self.add(comm, desc::<T>(Coll::Send, ReduceOp::Sum, buf.len(), peer), split(buf, &mut []))
+    }
+
+    /// Add a receive.
+    pub fn recv<T: Element>(&mut self, comm: &'a Communicator, buf: &'a mut [T], peer: usize) -> Result<&mut Self> {
+        self.add(comm, desc::<T>(Coll::Recv, ReduceOp::Sum, buf.len(), peer), split(&[], buf))
+    }
+
+    /// Add an all-reduce.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
+        self.add(comm, desc::<T>(Coll::AllReduce, op, send.len(), 0), split(send, recv))
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the group is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Run every operation to completion.
+    pub fn run(self) -> Result<()> {
+        if self.ops.is_empty() {
+            return Ok(());
+        }
+        let comms = self.comms();
+        let _scope = crate::log::RankScope::new(comms[0].sh.rank);
+        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Vec<_>>>()?;
+        for c in &comms {
+            c.sh.wait_async_idle();
+        }
+        let now = Instant::now(); // one clock read for the deadline and the flight record
+        let mut runs = self.prepare(&comms, now)?;
+        let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
+        let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
+        let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
+        let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
+        let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
+        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report, started: now });
+        let end = Instant::now();
+        for r in &runs {
+            shareds[r.comm].record_end(r.seq, r.fp, r.done(), end);
+        }
+        match res {
+            Ok(()) => Ok(()),
+            Err(mut e) => {
+                // name the operation the failure stopped (a dead peer is found by the transport,
+                // which knows the peer but not the call)
+                if e.op.is_none() {
+                    let stopped = runs.iter().filter(|r| !r.done());
+                    let involved = |r: &&OpRun<'_>| {
+                        let (rx, tx) = r.sched.peers();
+                        e.peer.is_some_and(|p| rx.contains(&p) || tx.contains(&p))
+                    };
+                    if let Some(r) = stopped.clone().find(involved).or_else(|| stopped.clone().next()) {
+                        e = e.with_op(r.fp.to_string()).with_seq(r.seq);
+                    }
+                }
+                if e.kind == crate::ErrorKind::Timeout {
+                    if let Some(r) = runs.iter().find(|r| !r.done() && !matches!(r.fp.coll, Coll::Send | Coll::Recv)) {
+                        e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq, &r.heard_from()));
+                    }
+                }
+                for sh in &shareds {
+                    sh.set_error(e.clone());
+                }
+                Err(shareds[0].with_root_cause(e))
+            }
+        }
+    }
+
+    /// Distinct communicators, in first-use order.
+    pub(crate) fn comms(&self) -> Vec<&'a Communicator> {
+        // distinct communicators, in first-use order
+        let mut comms: Vec<&Communicator> = Vec::new();
+        for (c, _, _, _) in &self.ops {
+            if !comms.iter().any(|x| Arc::ptr_eq(&x.sh, &c.sh)) {
+                comms.push(c);
+            }
+        }
+        comms
+    }
+
+    /// Sequence numbers, schedules and connections for every op (the caller holds the busy
+    /// guards of `comms`).
+    pub(crate) fn prepare(self, comms: &[&'a Communicator], now: Instant) -> Result<Vec<OpRun<'a>>> {
+        for c in comms {
+            check_state(&c.sh, &c.sh.state.lock().unwrap())?;
+        }
+        // pass 1: sequence numbers and schedules, in the order the ops were added (which is the
+        // order they use each connection)
+        // the algorithms first: a call whose selection cannot be honoured fails before any
+        // sequence number is taken, and the communicator stays usable
+        let algos = self
+            .ops
+            .iter()
+            .map(|(c, d, o, _)| {
+                c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos).map_err(|e| e.with_op(d.coll.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut runs: Vec<OpRun<'a>> = Vec::with_capacity(self.ops.len());
+        for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
+            let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
+            let sh = &*c.sh;
+            let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
+            let avg = d.op == ReduceOp::Avg && d.coll.reduces();
+            let (seq, sched) = {
+                let mut st = sh.state.lock().unwrap();
+                let ctr = match d.coll {
+                    Coll::Send => &mut st.p2p_tx[d.root],
+                    Coll::Recv => &mut st.p2p_rx[d.root],
+                    _ => &mut st.seq,
+                };
+                *ctr += 1;
+                let seq = *ctr - 1;
+                let key = (d.coll, d.count, d.root, chunk, avg, algo);
+                let sched = match st.last_sched.as_ref().filter(|(k, _)| *k == key) {
+                    Some((_, s)) => s.clone(),
+                    None => match st.sched_cache.get(&key) {
+                        Some(s) => s.clone(),
+                        None => {
+                            let params = Params {
+                                coll: d.coll,
+                                nranks: sh.nranks,
+                                rank: sh.rank,
+                                count: d.count,
+                                root: d.root,
+                                chunk,
+                                avg,
+                                algo,
+                            };
+                            let s = Arc::new(if algo == crate::schedule::Algo::Hierarchical {
+                                crate::schedule::build_hierarchical(&params, &sh.host_of)
+                            } else {
+                                build(&params)
+                            });
+                            if st.sched_cache.len() >= 256 {
+                                st.sched_cache.clear();
+                            }
+                            st.sched_cache.insert(key, s.clone());
+                            s
+                        }
+                    },
+                };
+                st.last_sched = Some((key, sched.clone()));
+                (seq, sched)
+            };
+            let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
+            let sel = opts.algos.wire();
+            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
+            sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
+            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
+        }
+        // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
+        // and nothing allocated, when every connection exists: the steady state)
+        let connected = runs.iter().all(|r| {
+            let st = comms[r.comm].sh.state.lock().unwrap();
+            let (rx, tx) = r.sched.peers();
+            rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some())
+        });
+        if connected {
+            return Ok(runs);
+        }
+        let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
+        let mut setups: Vec<Setup<'_>> = shareds
+            .iter()
+            .enumerate()
+            .map(|(ci, sh)| {
+                let (rx, tx) = crate::exec::peers_of(runs.iter().filter(|r| r.comm == ci));
+                let mine: Vec<&OpRun<'_>> = runs.iter().filter(|r| r.comm == ci).collect();
+                let doing = match mine.as_slice() {
+                    [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp)),
+                    _ => None,
+                };
+                Setup::new(sh, &rx, &tx, doing)
+            })
+            .collect();
+        let phased = (|| -> Result<()> {
+            setups.iter_mut().try_for_each(|s| s.publish())?;
+            setups.iter_mut().try_for_each(|s| s.connect())?;
+            setups.iter_mut().try_for_each(|s| s.accept())
+        })();
+        drop(setups);
+        if let Err(e) = phased {
+            for sh in &shareds {
+                sh.set_error(e.clone());
+            }
+            return Err(e);
+        }
+        Ok(runs)
+    }
+}

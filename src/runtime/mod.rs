@@ -1,0 +1,191 @@
+//! The state behind a communicator: its shared part ([`Shared`]), connection setup, the
+//! failure cascade, the flight recorder, the network choice and the tuner's inputs.
+
+mod cascade;
+mod net;
+mod recorder;
+mod setup;
+mod tune;
+
+pub(crate) use net::open_net;
+pub(crate) use setup::Setup;
+
+use crate::config::Config;
+use crate::exec::{Conns, DriveComm};
+use crate::schedule::Coll;
+use crate::select::AlgoSelection;
+use crate::store::{Store, StoreServer};
+use crate::Error;
+use oxccl_transport::wait::Doorbell;
+use oxccl_transport::PeerInfo;
+use oxccl_transport_rdma::RdmaTransport;
+use oxccl_transport_shm::ShmTransport;
+use oxccl_transport_tcp::TcpTransport;
+use recorder::Record;
+pub(crate) use recorder::RECORDS;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+pub(crate) struct State {
+    pub(crate) conns: Conns,
+    pub(crate) shm: Option<ShmTransport>,
+    pub(crate) tcp: TcpTransport,
+    /// The RDMA network between hosts (`OXCCL_NET=ofi`), replacing TCP for ranks on other hosts.
+    pub(crate) net: Option<RdmaTransport>,
+    pub(crate) seq: u64,
+    pub(crate) p2p_tx: Vec<u64>,
+    pub(crate) p2p_rx: Vec<u64>,
+    pub(crate) splits: u64,
+    pub(crate) error: Option<Error>,
+    /// Schedules built recently, keyed by their parameters (training loops repeat operations).
+    pub(crate) sched_cache: std::collections::HashMap<SchedKey, Arc<crate::schedule::Schedule>>,
+    /// The schedule of the last call (most calls repeat it; skips hashing the key).
+    pub(crate) last_sched: Option<(SchedKey, Arc<crate::schedule::Schedule>)>,
+}
+
+pub(crate) type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
+
+pub(crate) struct Shared {
+    /// The last operations, for the flight record written on the first error.
+    pub(crate) recorder: Mutex<std::collections::VecDeque<Record>>,
+    /// When the communicator was created (times in the record are relative to it).
+    pub(crate) born: Instant,
+    /// The fork generation that made it (a `fork` child must not close its connections, which
+    /// it shares with the parent).
+    pub(crate) generation: u64,
+    pub(crate) born_unix_ms: u128,
+    /// Busy-poll and yield times in force (see [`Config::spin`]).
+    pub(crate) spin: std::time::Duration,
+    pub(crate) yield_for: std::time::Duration,
+    pub(crate) algos: Vec<crate::schedule::Algo>,
+    /// Host index of every rank (hosts numbered in order of their lowest rank).
+    pub(crate) host_of: Vec<usize>,
+    /// Ranks of this communicator on this host per core (at least 1).
+    pub(crate) oversub: f64,
+    /// The last tuner decision: (operation, bytes, selection, algorithm).
+    pub(crate) last_choice: Mutex<Option<(Coll, usize, AlgoSelection, crate::schedule::Algo)>>,
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) comm_id: u64,
+    pub(crate) prefix: String,
+    pub(crate) peers: Vec<PeerInfo>,
+    pub(crate) cfg: Config,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) secret: [u8; 32],
+    pub(crate) held: Held,
+    pub(crate) state: Mutex<State>,
+    pub(crate) aborted: AtomicBool,
+    /// Whether `state.error` is set (read without the lock before each poll).
+    pub(crate) failed: AtomicBool,
+    pub(crate) abort_bell: Doorbell,
+    pub(crate) busy: AtomicBool,
+    pub(crate) async_pending: Mutex<usize>,
+    pub(crate) async_cv: Condvar,
+    /// The collective whose timeout census began, and when ([`DriveComm::near_deadline`]).
+    pub(crate) census_mark: Mutex<Option<(u64, Instant)>>,
+    /// Beacon probes of peers on other machines during stalled waits: (last probe, its history).
+    pub(crate) watches: Mutex<std::collections::HashMap<usize, (Option<Instant>, crate::beacon::Watch)>>,
+}
+
+/// What a communicator keeps running for as long as it exists: the store server of its id (when
+/// this process made the id), and this process's liveness beacon.
+#[derive(Clone, Default)]
+pub(crate) struct Held {
+    // (held for their `Drop`: never read)
+    pub(crate) _server: Option<Arc<StoreServer>>,
+    pub(crate) _beacon: Option<Arc<crate::beacon::Beacon>>,
+}
+
+impl Drop for Shared {
+    /// Closing an aborted communicator tells its peers and waits for nothing: connections
+    /// closed normally may first wait (bounded) for peers to confirm they read the last
+    /// messages (the RDMA network's FLUSH), which an abort must not.
+    fn drop(&mut self) {
+        if *self.aborted.get_mut() {
+            if let Ok(st) = self.state.get_mut() {
+                st.conns.abort_all();
+            }
+        }
+    }
+}
+
+impl DriveComm for Shared {
+    fn visit_conns(&self, f: &mut dyn FnMut(&mut Conns)) {
+        f(&mut self.state.lock().unwrap().conns)
+    }
+    fn aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+    fn failure(&self) -> Option<Error> {
+        if self.aborted() {
+            return Some(Error::comm_aborted().with_rank(self.rank));
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return self.sticky_error();
+        }
+        None
+    }
+    fn peer_lost(&self, peer: usize) -> Option<Error> {
+        let p = self.peers.get(peer)?;
+        if p.machine == self.peers[self.rank].machine {
+            return None; // the transports check the pid
+        }
+        let mut w = self.watches.lock().unwrap();
+        let (last, watch) = w.entry(peer).or_insert((None, Default::default()));
+        if last.is_some_and(|t: Instant| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        let (why, cause) = watch.check(p.ip, p.beacon)?;
+        Some(
+            Error::remote(format!("rank {peer} on {} ({}) {why}", p.hostname, p.ip))
+                .with_cause(cause)
+                .with_rank(self.rank)
+                .with_peer(peer),
+        )
+    }
+    fn near_deadline(&self, seq: u64) {
+        *self.census_mark.lock().unwrap() = Some((seq, Instant::now()));
+        let (store, key) = (self.store.clone(), format!("{}/reached/{seq}/{}", self.prefix, self.rank));
+        let _ = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
+            let _ = store.set(&key, b"1");
+        });
+    }
+    fn abort_fd(&self) -> i32 {
+        self.abort_bell.read_fd()
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+}
+
+impl crate::progress::AsyncComm for Shared {
+    fn failed(&self, e: Error) {
+        self.set_error(e)
+    }
+    fn queued(&self, more: bool) {
+        let mut g = self.async_pending.lock().unwrap();
+        if more {
+            *g += 1;
+        } else {
+            *g -= 1;
+            self.async_cv.notify_all();
+        }
+    }
+}
+
+impl Shared {
+    /// The first error, if any.
+    pub(crate) fn sticky_error(&self) -> Option<Error> {
+        self.state.lock().unwrap().error.clone()
+    }
+
+    /// Wait until the asynchronous operations already queued on this communicator finished.
+    pub(crate) fn wait_async_idle(&self) {
+        let mut g = self.async_pending.lock().unwrap();
+        while *g > 0 {
+            g = self.async_cv.wait(g).unwrap();
+        }
+    }
+}
