@@ -10,7 +10,7 @@
 
 use crate::exact;
 use crate::exec::{apply_step, OpMem};
-use crate::schedule::{build, inplace_layout, Buf, Coll, Params, Schedule, Step};
+use crate::schedule::{inplace_layout, Buf, Coll, Params, Schedule, Step};
 use crate::types::{DataType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
 
@@ -66,11 +66,7 @@ pub fn schedules(case: &Case) -> Vec<Schedule> {
                 avg: case.avg,
                 algo: case.algo,
             };
-            if case.algo == crate::schedule::Algo::Hierarchical {
-                crate::schedule::build_hierarchical(&p, &host_of)
-            } else {
-                build(&p)
-            }
+            crate::schedule::build_on(&p, &host_of)
         })
         .collect()
 }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::exec::{drive, OpMem, OpRun, Policy};
 use crate::runtime::Setup;
-use crate::schedule::{build, Coll, Fingerprint, Params};
+use crate::schedule::{build_on, Coll, Fingerprint, Params};
 use crate::select::CallOptions;
 use crate::types::{Element, ReduceOp};
 use crate::Result;
@@ -195,11 +195,7 @@ impl<'a> Group<'a> {
                                 avg,
                                 algo,
                             };
-                            let s = Arc::new(if algo == crate::schedule::Algo::Hierarchical {
-                                crate::schedule::build_hierarchical(&params, &sh.host_of)
-                            } else {
-                                build(&params)
-                            });
+                            let s = Arc::new(build_on(&params, &sh.host_of));
                             if st.sched_cache.len() >= 256 {
                                 st.sched_cache.clear();
                             }
