@@ -27,17 +27,7 @@ use launch::launch;
 use std::time::Instant;
 
 fn coll_of(name: &str) -> Coll {
-    match name {
-        "allreduce" => Coll::AllReduce,
-        "allgather" => Coll::AllGather,
-        "reducescatter" => Coll::ReduceScatter,
-        "broadcast" => Coll::Broadcast,
-        "reduce" => Coll::Reduce,
-        "alltoall" => Coll::AllToAll,
-        "gather" => Coll::Gather,
-        "scatter" => Coll::Scatter,
-        _ => Coll::Send,
-    }
+    Coll::from_name(name).unwrap_or(Coll::Send) // "sendrecv": a send and a receive each
 }
 
 /// nccl-tests' bus bandwidth factor.

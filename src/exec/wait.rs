@@ -262,8 +262,7 @@ pub(crate) fn wait_note<C: DriveComm + ?Sized>(
     let what = match ops.iter().find(|o| !o.done()) {
         Some(o) => {
             let bytes = o.fp.count * o.fp.dtype.size();
-            let name =
-                if matches!(o.fp.coll, crate::Coll::Send | crate::Coll::Recv) { "send/recv" } else { o.fp.coll.name() };
+            let name = o.fp.coll.wire_name();
             format!("{name} #{} ({}, {})", o.seq, o.fp.dtype.name(), human_bytes(bytes))
         }
         None => "flushing the last sends".into(),

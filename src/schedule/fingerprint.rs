@@ -44,18 +44,7 @@ impl Fingerprint {
     pub fn describe_wire(count_word: u64, call: u32) -> String {
         let count = count_word & ((1u64 << COUNT_BITS) - 1);
         let sel = (count_word >> COUNT_BITS) as u8;
-        let coll = match call & 0xF {
-            1 => "allreduce",
-            2 => "allgather",
-            3 => "reducescatter",
-            4 => "broadcast",
-            5 => "reduce",
-            6 => "alltoall",
-            7 => "gather",
-            8 => "scatter",
-            9 => "send/recv",
-            _ => "unknown",
-        };
+        let coll = Coll::from_code(call & 0xF).map_or("unknown", Coll::wire_name);
         let dt = DataType::from_raw(((call >> 4) & 0xF) as i32).map(|d| d.name()).unwrap_or("?");
         let op =
             ["sum", "prod", "max", "min", "avg", "premulsum"].get(((call >> 8) & 0xF) as usize).copied().unwrap_or("?");
@@ -66,7 +55,7 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = if matches!(self.coll, Coll::Send | Coll::Recv) { "send/recv" } else { self.coll.name() };
+        let name = self.coll.wire_name();
         let root = if matches!(self.coll, Coll::Send | Coll::Recv) { 0 } else { self.root };
         write!(
             f,

@@ -53,6 +53,23 @@ impl Coll {
             Coll::Recv => "recv",
         }
     }
+    /// The operation named `name` ([`Coll::name`]), if any.
+    pub fn from_name(name: &str) -> Option<Coll> {
+        [Coll::Send, Coll::Recv].into_iter().chain(Coll::COLLECTIVES).find(|c| c.name() == name)
+    }
+    /// The name a frame's `call` word shows for this operation: both sides of a point-to-point
+    /// transfer carry the same code, so they read "send/recv".
+    pub fn wire_name(self) -> &'static str {
+        if matches!(self, Coll::Send | Coll::Recv) {
+            "send/recv"
+        } else {
+            self.name()
+        }
+    }
+    /// The operation of wire code `code` ([`Coll::Send`] for point to point).
+    pub fn from_code(code: u32) -> Option<Coll> {
+        [Coll::Send].into_iter().chain(Coll::COLLECTIVES).find(|c| c.code() == code)
+    }
     pub(crate) fn code(self) -> u32 {
         match self {
             Coll::AllReduce => 1,
@@ -141,5 +158,27 @@ impl Algo {
     /// Position in [`Algo::ALL`].
     pub fn index(self) -> usize {
         Algo::ALL.iter().position(|a| *a == self).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_round_trips_through_its_name_and_wire_code() {
+        let all = [Coll::Send, Coll::Recv].into_iter().chain(Coll::COLLECTIVES);
+        for c in all {
+            assert_eq!(Coll::from_name(c.name()), Some(c));
+            let back = Coll::from_code(c.code()).unwrap();
+            assert_eq!(back.wire_name(), c.wire_name());
+        }
+        assert_eq!(Coll::from_name("sendrecv"), None);
+        assert_eq!(Coll::from_code(0), None);
+        assert_eq!(Coll::from_code(15), None);
+        for (i, a) in Algo::ALL.iter().enumerate() {
+            assert_eq!(a.index(), i);
+            assert_eq!(a.code(), i as u32);
+        }
     }
 }
