@@ -69,6 +69,7 @@ pub mod reduce;
 pub mod schedule;
 pub mod select;
 pub mod sim;
+pub mod tuner;
 pub mod types;
 
 pub use oxccl_transport::fork::generation as fork_generation;

@@ -1,0 +1,198 @@
+//! The tuner: a pure function from (call, topology, settings) to an algorithm.
+//!
+//! Deterministic mode forces the ordered schedules for reductions; operations other than
+//! all-reduce use the ring (chain); otherwise an α-β model picks among the allowed all-reduce
+//! algorithms (ring, recursive doubling, Rabenseifner, double binary tree, hierarchical when
+//! ranks share hosts across several hosts), with shared-memory constants inside a host and
+//! network constants between hosts. A communicator memoises the last answer
+//! (`runtime/tune.rs`); the decision itself reads nothing but its arguments.
+
+use crate::config::Tuner;
+use crate::schedule::{Algo, Coll};
+use crate::select::AlgoSelection;
+use crate::{Error, Result};
+
+/// What is being called.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Call {
+    /// The operation.
+    pub coll: Coll,
+    /// Bytes of each rank's buffer (count × type size).
+    pub bytes: usize,
+    /// The call's algorithm selection.
+    pub sel: AlgoSelection,
+}
+
+/// Where the ranks are.
+#[derive(Debug, Clone, Copy)]
+pub struct Topology<'a> {
+    /// Host index of every rank (hosts numbered in order of their lowest rank).
+    pub host_of: &'a [usize],
+    /// Ranks of this communicator on this host per core (at least 1).
+    pub oversub: f64,
+    /// Whether shared memory is off (every pair talks over the network).
+    pub shm_disabled: bool,
+}
+
+/// The communicator's settings that bear on the choice.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings<'a> {
+    /// The all-reduce algorithms allowed (`OXCCL_ALGO` / `NCCL_ALGO`).
+    pub algos: &'a [Algo],
+    /// `OXCCL_DETERMINISTIC`.
+    pub deterministic: bool,
+    /// The cost model's constants.
+    pub model: &'a Tuner,
+}
+
+/// The algorithm `call` runs. Fails (invalid usage) when the call's selection cannot be
+/// honoured and it forces it.
+pub fn select(call: &Call, topo: &Topology<'_>, set: &Settings<'_>) -> Result<Algo> {
+    let (coll, sel) = (call.coll, call.sel);
+    let restricted;
+    let algos: &[Algo] = if !sel.is_restricted() {
+        set.algos
+    } else if set.deterministic && coll.reduces() {
+        if sel.force {
+            return Err(Error::invalid_usage(format!(
+                "{}: OXCCL_DETERMINISTIC=1 fixes the algorithm of reductions, so algSelection {:?} cannot be honoured (forceAlgSelection is set)",
+                coll.name(),
+                AlgoSelection::describe_wire(sel.wire())
+            )));
+        }
+        set.algos
+    } else if coll != Coll::AllReduce {
+        crate::select::restrict(&[Algo::Ring], sel, coll)?;
+        set.algos
+    } else {
+        restricted = crate::select::restrict(set.algos, sel, coll)?;
+        &restricted
+    };
+    Ok(if set.deterministic && coll.reduces() {
+        Algo::Ordered
+    } else if coll != Coll::AllReduce {
+        Algo::Ring
+    } else if algos.len() == 1 {
+        algos[0]
+    } else {
+        cheapest(call.bytes, topo, set.model, algos)
+    })
+}
+
+/// The α-β model's cheapest all-reduce among `algos`.
+fn cheapest(bytes: usize, topo: &Topology<'_>, t: &Tuner, algos: &[Algo]) -> Algo {
+    let nranks = topo.host_of.len().max(1);
+    let hosts = topo.host_of.iter().max().map_or(1, |m| m + 1);
+    let n = nranks as f64;
+    let h = hosts as f64;
+    let g = (0..hosts).map(|x| topo.host_of.iter().filter(|&&y| y == x).count()).max().unwrap_or(1) as f64;
+    let s = bytes as f64; // bytes; betas in bytes/µs
+    let sa = t.shm_alpha_us + (topo.oversub - 1.0) * t.switch_us;
+    let sb = t.shm_beta_gbps * 1e3;
+    // log-round algorithms lose bandwidth when ranks wait for cores
+    let pen = if topo.oversub > 1.0 { t.oversub_round_factor } else { 1.0 };
+    let (na, nb) = (t.net_alpha_us, t.net_beta_gbps * 1e3);
+    let one_host = hosts == 1 && !topo.shm_disabled;
+    let (alpha, beta) = if one_host { (sa, sb) } else { (na, nb) };
+    let ring = 2.0 * (n - 1.0) * alpha + 2.0 * (n - 1.0) / n * s / beta;
+    let p2 = (1usize << (usize::BITS - 1 - nranks.leading_zeros())) as f64;
+    let fold = if p2 < n { 2.0 } else { 0.0 };
+    // recursive doubling moves the whole message every round: twice the penalty
+    let pen_rd = if pen > 1.0 { 2.0 * pen } else { 1.0 };
+    let rd = (p2.log2() + fold) * (alpha + pen_rd * s / beta);
+    let rab = (2.0 * p2.log2() + fold) * alpha + pen * (2.0 * (p2 - 1.0) / p2 + fold) * s / beta;
+    let depth = (usize::BITS - nranks.leading_zeros()) as f64;
+    let tree = 2.0 * depth * alpha + pen * 2.0 * s / beta;
+    let hier = if hosts > 1 && hosts < nranks {
+        2.0 * ((g - 1.0) * sa + s / sb) + 2.0 * (h - 1.0) * na + 2.0 * (h - 1.0) / h * s / nb
+    } else {
+        f64::INFINITY
+    };
+    let costs = [
+        (ring, Algo::Ring),
+        (rd, Algo::RecursiveDoubling),
+        (rab, Algo::Rabenseifner),
+        (tree, Algo::Tree),
+        (hier, Algo::Hierarchical),
+    ];
+    let mut best = (f64::INFINITY, algos[0]);
+    for (cost, a) in costs {
+        if algos.contains(&a) && cost < best.0 {
+            best = (cost, a);
+        }
+    }
+    best.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Algo; 5] = [Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical];
+
+    fn pick(coll: Coll, bytes: usize, host_of: &[usize], oversub: f64, sel: AlgoSelection, det: bool) -> Result<Algo> {
+        let model = Tuner::default();
+        let call = Call { coll, bytes, sel };
+        let topo = Topology { host_of, oversub, shm_disabled: false };
+        select(&call, &topo, &Settings { algos: &ALL, deterministic: det, model: &model })
+    }
+
+    #[test]
+    fn small_all_reduces_take_few_rounds_and_large_ones_the_bandwidth_optimal_schedules() {
+        let one_host = [0; 8];
+        let small = pick(Coll::AllReduce, 8, &one_host, 1.0, AlgoSelection::AUTO, false).unwrap();
+        assert!(matches!(small, Algo::RecursiveDoubling | Algo::Tree), "{small:?}");
+        let large = pick(Coll::AllReduce, 256 << 20, &one_host, 1.0, AlgoSelection::AUTO, false).unwrap();
+        assert!(matches!(large, Algo::Ring | Algo::Rabenseifner), "{large:?}");
+        // four hosts of eight ranks, large message: the network is crossed once per host
+        let hosts: Vec<usize> = (0..32).map(|r| r / 8).collect();
+        assert_eq!(
+            pick(Coll::AllReduce, 256 << 20, &hosts, 1.0, AlgoSelection::AUTO, false).unwrap(),
+            Algo::Hierarchical
+        );
+        // one rank per host: no hierarchy
+        let spread = [0, 1, 2, 3];
+        assert_ne!(
+            pick(Coll::AllReduce, 256 << 20, &spread, 1.0, AlgoSelection::AUTO, false).unwrap(),
+            Algo::Hierarchical
+        );
+    }
+
+    #[test]
+    fn the_decision_is_a_function_of_its_arguments() {
+        let hosts = [0, 0, 0, 1, 1, 1];
+        for bytes in [0, 8, 4096, 1 << 20, 64 << 20] {
+            for oversub in [1.0, 4.0] {
+                let a = pick(Coll::AllReduce, bytes, &hosts, oversub, AlgoSelection::AUTO, false).unwrap();
+                let b = pick(Coll::AllReduce, bytes, &hosts, oversub, AlgoSelection::AUTO, false).unwrap();
+                assert_eq!(a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn other_operations_use_the_ring_and_deterministic_mode_the_ordered_schedules() {
+        let h = [0; 4];
+        for coll in [Coll::AllGather, Coll::Broadcast, Coll::ReduceScatter, Coll::AllToAll] {
+            assert_eq!(pick(coll, 1 << 20, &h, 1.0, AlgoSelection::AUTO, false).unwrap(), Algo::Ring);
+        }
+        for coll in [Coll::AllReduce, Coll::ReduceScatter, Coll::Reduce] {
+            assert_eq!(pick(coll, 1 << 20, &h, 1.0, AlgoSelection::AUTO, true).unwrap(), Algo::Ordered);
+        }
+        assert_eq!(pick(Coll::AllGather, 1 << 20, &h, 1.0, AlgoSelection::AUTO, true).unwrap(), Algo::Ring);
+    }
+
+    #[test]
+    fn a_selection_is_honoured_or_refused_when_forced() {
+        let h = [0; 8];
+        let tree = AlgoSelection::only(&[Algo::Tree], true);
+        assert_eq!(pick(Coll::AllReduce, 256 << 20, &h, 1.0, tree, false).unwrap(), Algo::Tree);
+        let e = pick(Coll::AllReduce, 8, &h, 1.0, tree, true).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::InvalidUsage);
+        // not forced: deterministic mode wins quietly
+        let soft = AlgoSelection::only(&[Algo::Tree], false);
+        assert_eq!(pick(Coll::AllReduce, 8, &h, 1.0, soft, true).unwrap(), Algo::Ordered);
+        // a collective that only has the ring, forced to the tree
+        assert!(pick(Coll::AllGather, 8, &h, 1.0, tree, false).is_err());
+    }
+}
