@@ -9,8 +9,6 @@ use crate::store::Store;
 use crate::{Error, Result};
 use oxccl_transport::wait::Doorbell;
 use oxccl_transport::{PeerInfo, TransportCtx};
-use oxccl_transport_shm::{ShmConfig, ShmTransport};
-use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -164,27 +162,7 @@ impl Communicator {
         let spin = cfg.spin.unwrap_or(if oversubscribed { us(0) } else { us(50) });
         let yield_for = cfg.yield_for.unwrap_or(if oversubscribed { us(1000) } else { us(50) });
         let ctx = TransportCtx { rank, nranks, comm_id, secret, peers: peers.clone() };
-        let shm = if cfg.shm_disable {
-            None
-        } else {
-            Some(ShmTransport::new(
-                ctx.clone(),
-                ShmConfig {
-                    slots: cfg.slots,
-                    slot_bytes: cfg.chunk_bytes,
-                    cma: cfg.cma,
-                    cma_min_op: cfg.cma_min_bytes,
-                },
-            )?)
-        };
-        let tcp_cfg = TcpConfig {
-            slots: cfg.slots,
-            slot_bytes: cfg.chunk_bytes,
-            lanes: cfg.nsocks,
-            socket_buffer: cfg.socket_buffer,
-        };
-        let net = open_net(&ctx, &peers, rank, &cfg, host_ids.len() > 1)?;
-        let tcp = TcpTransport::new(ctx, tcp_cfg, peers[rank].ip);
+        let transports = crate::runtime::transports(ctx, &cfg, host_ids.len() > 1)?;
         Ok(Communicator {
             sh: Arc::new(Shared {
                 recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),
@@ -211,9 +189,7 @@ impl Communicator {
                 held,
                 state: Mutex::new(State {
                     conns: Conns::new(nranks),
-                    shm,
-                    tcp,
-                    net,
+                    transports,
                     seq: 0,
                     p2p_tx: vec![0; nranks],
                     p2p_rx: vec![0; nranks],

@@ -7,7 +7,7 @@ mod recorder;
 mod setup;
 mod tune;
 
-pub(crate) use net::open_net;
+pub(crate) use net::transports;
 pub(crate) use setup::Setup;
 
 use crate::config::Config;
@@ -17,10 +17,7 @@ use crate::select::AlgoSelection;
 use crate::store::{Store, StoreServer};
 use crate::Error;
 use oxccl_transport::wait::Doorbell;
-use oxccl_transport::PeerInfo;
-use oxccl_transport_rdma::RdmaTransport;
-use oxccl_transport_shm::ShmTransport;
-use oxccl_transport_tcp::TcpTransport;
+use oxccl_transport::{PeerInfo, Transport};
 use recorder::Record;
 pub(crate) use recorder::RECORDS;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,10 +26,9 @@ use std::time::Instant;
 
 pub(crate) struct State {
     pub(crate) conns: Conns,
-    pub(crate) shm: Option<ShmTransport>,
-    pub(crate) tcp: TcpTransport,
-    /// The RDMA network between hosts (`OXCCL_NET=ofi`), replacing TCP for ranks on other hosts.
-    pub(crate) net: Option<RdmaTransport>,
+    /// The transports, in priority order: a pair uses the first that can connect it (shared
+    /// memory on one machine, then the RDMA network when chosen, then TCP, which connects any).
+    pub(crate) transports: Vec<Box<dyn Transport>>,
     pub(crate) seq: u64,
     pub(crate) p2p_tx: Vec<u64>,
     pub(crate) p2p_rx: Vec<u64>,

@@ -1,15 +1,41 @@
-//! The network between hosts: shared memory and TCP always, libfabric when chosen.
+//! A communicator's transports: shared memory (unless disabled), the RDMA network when chosen,
+//! and TCP, in that priority order. The only place that names the transport crates.
 
 use crate::config::Config;
 use crate::Result;
-use oxccl_transport::{PeerInfo, TransportCtx};
+use oxccl_transport::{PeerInfo, Transport, TransportCtx};
 use oxccl_transport_rdma::{NetChoice, RdmaConfig, RdmaTransport};
+use oxccl_transport_shm::{ShmConfig, ShmTransport};
+use oxccl_transport_tcp::{TcpConfig, TcpTransport};
+
+/// The transports of rank `ctx.rank`, in priority order (the last, TCP, connects any pair).
+pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -> Result<Vec<Box<dyn Transport>>> {
+    let mut list: Vec<Box<dyn Transport>> = Vec::new();
+    if !cfg.shm_disable {
+        let shm =
+            ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes, cma: cfg.cma, cma_min_op: cfg.cma_min_bytes };
+        list.push(Box::new(ShmTransport::new(ctx.clone(), shm)?));
+    }
+    let (rank, peers) = (ctx.rank, ctx.peers.clone());
+    if let Some(net) = open_net(&ctx, &peers, rank, cfg, several_hosts)? {
+        list.push(Box::new(net));
+    }
+    let tcp = TcpConfig {
+        slots: cfg.slots,
+        slot_bytes: cfg.chunk_bytes,
+        lanes: cfg.nsocks,
+        socket_buffer: cfg.socket_buffer,
+    };
+    let ip = peers[rank].ip;
+    list.push(Box::new(TcpTransport::new(ctx, tcp, ip)));
+    Ok(list)
+}
 
 /// The network between hosts: `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`, `ib`); asked for and not
 /// available is an error naming why. Unset, when the ranks span hosts: verbs if a device opens,
 /// else libfabric if it offers a provider that is not itself TCP or sockets (EFA, CXI, verbs),
 /// else oxccl's TCP.
-pub(crate) fn open_net(
+fn open_net(
     ctx: &TransportCtx,
     peers: &[PeerInfo],
     rank: usize,

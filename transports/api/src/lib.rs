@@ -33,8 +33,11 @@
 //! (pthread_atfork), [`thread`] (gettid) and [`deepen_backlog`] (listen), each with a
 //! `// SAFETY:` comment.
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 mod error;
 pub mod fork;
+pub mod mem;
 pub mod thread;
 pub mod wait;
 

@@ -254,6 +254,8 @@ struct RecvSide {
     /// several endpoints may arrive out of order).
     notified: Vec<u64>,
     aborted: bool,
+    /// The sender closed its half normally after posting this many messages.
+    closed_after: Option<u64>,
     /// The sender's rank.
     peer: usize,
     /// A control message of this connection (CREDIT, ABORT) failed.
@@ -645,6 +647,12 @@ impl Net {
             }
             T_FLUSHED => {
                 st.flushes.remove(&v);
+            }
+            T_CLOSED if m.len() > 16 && m[16] == 0 => {
+                // the sender closed after `v` messages: once they are read, nothing more comes
+                if let Some(r) = st.recvs.get_mut(&id).filter(|r| r.hello.is_some()) {
+                    r.closed_after = Some(v);
+                }
             }
             T_CLOSED => {
                 // the receiver closed: it will read nothing more, nor answer
@@ -1404,6 +1412,10 @@ impl Drop for RdmaSend {
                     st.flushes.remove(&nonce);
                 }
             }
+            // and say it is closed, after how many messages (best effort: a receiver that
+            // misses it waits for the communicator's bound, as for a silent peer)
+            let m = control(T_CLOSED, self.remote_id, self.posted, false);
+            let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m, Owner::Reply);
         }
         st.sends.remove(&self.id);
         drop(st);
@@ -1435,18 +1447,27 @@ impl RecvConn for RdmaRecv {
             let mut st = self.net.st.lock().unwrap();
             // message `next` is in place once its NOTIFY arrived (slot `next % slots` holds it)
             let next = self.next;
-            let state =
-                |st: &NetState| st.recvs.get(&self.id).map(|r| (r.arrived(next), r.aborted)).unwrap_or((false, true));
-            let (mut here, mut aborted) = state(&st);
+            let state = |st: &NetState| {
+                st.recvs
+                    .get(&self.id)
+                    .map(|r| (r.arrived(next), r.aborted, r.closed_after.is_some_and(|n| next >= n)))
+                    .unwrap_or((false, true, false))
+            };
+            let (mut here, mut aborted, mut closed) = state(&st);
             if !here {
                 self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
-                (here, aborted) = state(&st);
+                (here, aborted, closed) = state(&st);
             }
             if let Some(e) = st.recvs.get(&self.id).and_then(|r| r.error.clone()) {
                 return Err(e);
             }
             if !here && aborted {
                 return Err(Error::peer_aborted(self.peer));
+            }
+            if !here && closed {
+                return Err(Error::remote(format!("rank {} closed the connection", self.peer))
+                    .with_cause(oxccl_transport::Cause::PeerClosed)
+                    .with_peer(self.peer));
             }
             here
         };
@@ -1842,6 +1863,29 @@ mod tests {
         (RdmaTransport { net: Net::open(Box::new(fab), ctx(rank), cfg.linger).unwrap(), cfg }, dev)
     }
 
+    /// The shared conformance suite over libfabric (skipped where no provider opens, unless
+    /// `OXCCL_REQUIRE_OFI` is set, as CI sets it).
+    #[test]
+    fn ofi_conforms() {
+        let make = || match (open(0, 4, 4096), open(1, 4, 4096)) {
+            (Some(a), Some(b)) => Some((Box::new(a) as Box<dyn Transport>, Box::new(b) as Box<dyn Transport>)),
+            _ => None,
+        };
+        let ran = oxccl_transport::conformance::run_all(&make);
+        assert!(ran == oxccl_transport::conformance::CHECKS.len() || std::env::var_os("OXCCL_REQUIRE_OFI").is_none());
+    }
+
+    /// The shared conformance suite over the verbs backend on simulated devices.
+    #[test]
+    fn verbs_on_simulated_devices_conforms() {
+        let make = || {
+            let a: Box<dyn Transport> = Box::new(open_sim(0, 4, 4096, 1).0);
+            let b: Box<dyn Transport> = Box::new(open_sim(1, 4, 4096, 1).0);
+            Some((a, b))
+        };
+        assert_eq!(oxccl_transport::conformance::run_all(&make), oxccl_transport::conformance::CHECKS.len());
+    }
+
     #[test]
     fn verbs_messages_cross_in_order_with_credits_and_striping() {
         let ((a, _), (b, _)) = (open_sim(0, 4, 4096, 1), open_sim(1, 4, 4096, 1));
@@ -2025,7 +2069,12 @@ mod tests {
         assert!(!closer.is_finished(), "closed before the receiver read the last messages");
         read_some(&mut *r, 3);
         while !closer.is_finished() {
-            assert!(r.peek().unwrap().is_none());
+            // nothing more, and once the close is heard, it says so
+            match r.peek() {
+                Ok(None) => {}
+                Err(e) => assert_eq!(e.cause, Some(oxccl_transport::Cause::PeerClosed), "{e}"),
+                Ok(Some(_)) => panic!("a message after the last"),
+            }
             std::thread::sleep(Duration::from_millis(1));
             assert!(t.elapsed() < Duration::from_secs(4), "the FLUSH was not answered");
         }
