@@ -1,0 +1,131 @@
+//! The receiving half of a connection: notified slots, credits, single copy, close.
+
+use super::*;
+use oxccl_transport::wait::WaitSource;
+use oxccl_transport::{Error, Header, RecvConn, Result, HEADER_BYTES};
+use std::sync::Arc;
+
+pub(crate) struct RdmaRecv {
+    pub(crate) net: Arc<Net>,
+    pub(crate) id: u32,
+    pub(crate) peer: usize,
+    pub(crate) dest: u64,
+    pub(crate) sender_id: u32,
+    pub(crate) ring: Option<(Mem, Region)>,
+    pub(crate) slots: usize,
+    pub(crate) slot_bytes: usize,
+    pub(crate) max_message: usize,
+    pub(crate) next: u64,
+    /// The consumed count last sent in a CREDIT.
+    pub(crate) credited: u64,
+    pub(crate) peeked: bool,
+}
+
+impl RecvConn for RdmaRecv {
+    fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
+        let ready = {
+            let mut st = self.net.st.lock().unwrap();
+            // message `next` is in place once its NOTIFY arrived (slot `next % slots` holds it)
+            let next = self.next;
+            let state = |st: &NetState| {
+                st.recvs
+                    .get(&self.id)
+                    .map(|r| (r.arrived(next), r.aborted, r.closed_after.is_some_and(|n| next >= n)))
+                    .unwrap_or((false, true, false))
+            };
+            let (mut here, mut aborted, mut closed) = state(&st);
+            if !here {
+                self.net.progress_locked(&mut st).map_err(|e| e.with_peer(self.peer))?;
+                (here, aborted, closed) = state(&st);
+            }
+            if let Some(e) = st.recvs.get(&self.id).and_then(|r| r.error.clone()) {
+                return Err(e);
+            }
+            if !here && aborted {
+                return Err(Error::peer_aborted(self.peer));
+            }
+            if !here && closed {
+                return Err(Error::remote(format!("rank {} closed the connection", self.peer))
+                    .with_cause(oxccl_transport::Cause::PeerClosed)
+                    .with_peer(self.peer));
+            }
+            here
+        };
+        if !ready {
+            return Ok(None);
+        }
+        let slot = (self.next % self.slots as u64) as usize;
+        let sb = self.slot_bytes;
+        let ring = &self.ring.as_ref().unwrap().0;
+        let bytes = &ring.bytes()[slot * sb..(slot + 1) * sb];
+        let h = Header::decode(&bytes[..HEADER_BYTES], self.max_message).map_err(|e| e.with_peer(self.peer))?;
+        self.peeked = true;
+        Ok(Some((h, &bytes[SLOT_HEADER..SLOT_HEADER + h.len as usize])))
+    }
+    fn consume(&mut self) -> Result<()> {
+        if !std::mem::take(&mut self.peeked) {
+            return Err(Error::internal("consume without a peeked message"));
+        }
+        self.next += 1;
+        // credits in batches of half the ring: while fewer than that are unreported, the sender
+        // still has half the ring free or messages in flight that this side will consume, so it
+        // cannot stall (rings have at least 2 slots)
+        if self.next - self.credited < (self.slots as u64 / 2).max(1) {
+            return Ok(());
+        }
+        self.credited = self.next;
+        let m = control(T_CREDIT, self.sender_id, self.next, false);
+        let mut st = self.net.st.lock().unwrap();
+        self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id)).map_err(|e| e.with_peer(self.peer))
+    }
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        self.net.arm()
+    }
+    fn check_peer(&self) -> Result<()> {
+        let Err(e) = self.net.check_peer(self.peer) else { return Ok(()) };
+        // the peer's process is gone, but it may have finished normally: what it sent before
+        // exiting can still be on its way through the provider (a software provider reads it
+        // from a socket only when progressed), so drain before deciding it is lost
+        let (id, next) = (self.id, self.next);
+        let here = |st: &NetState| st.recvs.get(&id).is_some_and(|r| r.arrived(next));
+        let until = std::time::Instant::now() + DEAD_PEER_DRAIN;
+        loop {
+            let mut st = self.net.st.lock().unwrap();
+            if here(&st) {
+                return Ok(());
+            }
+            if self.net.progress_locked(&mut st).is_err() || std::time::Instant::now() >= until {
+                return Err(e);
+            }
+            if here(&st) {
+                return Ok(());
+            }
+            drop(st);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    fn disarm(&mut self) {}
+    fn memory(&self) -> usize {
+        self.slots * self.slot_bytes
+    }
+    fn abort(&mut self) {
+        let m = control(T_ABORT, self.sender_id, 0, true);
+        let mut st = self.net.st.lock().unwrap();
+        st.abandoned = true;
+        let _ = self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id));
+    }
+}
+
+impl Drop for RdmaRecv {
+    fn drop(&mut self) {
+        let mut st = self.net.st.lock().unwrap();
+        // its sender may still FLUSH it while closing: keep what the answer needs
+        if let Some(hello) = st.recvs.remove(&self.id).and_then(|r| r.hello) {
+            st.closed_recvs.insert(self.id, hello);
+        }
+        drop(st);
+        if let Some((_, r)) = &self.ring {
+            self.net.fab.deregister(r);
+        }
+    }
+}
