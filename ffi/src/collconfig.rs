@@ -199,6 +199,7 @@ export! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oxccl::ErrorKind;
 
     #[test]
     fn layout_is_nccls() {

@@ -84,6 +84,7 @@ export! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oxccl::ErrorKind;
 
     #[test]
     fn configs_are_validated_and_psk_refused() {
