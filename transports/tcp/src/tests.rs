@@ -1,0 +1,119 @@
+//! Tests of the socket transport: connection setup, frames, failures, and a fuzz of the decoders.
+
+use super::*;
+
+fn ctx(secret: u8) -> TransportCtx {
+    TransportCtx { rank: 0, nranks: 2, comm_id: 5, secret: [secret; 32], peers: vec![] }
+}
+
+fn lo() -> IpAddr {
+    "127.0.0.1".parse().unwrap()
+}
+
+#[test]
+fn a_data_port_nobody_listens_on_is_a_dead_peer_at_once() {
+    let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let t = Instant::now();
+    let e = connect_with_hello(3, gone, &[1; 32], 7, &[2; 16], t + Duration::from_secs(30)).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!((e.cause, e.peer), (Some(Cause::PeerClosed), Some(3)), "{e}");
+    assert!(e.message.contains("rank 3 died or left"), "{e}");
+}
+
+#[test]
+fn frames_flow_in_order_across_wraps() {
+    let cfg = TcpConfig { slots: 2, slot_bytes: 1000, lanes: 3, socket_buffer: Some(1 << 20) };
+    let a = TcpTransport::new(ctx(1), cfg, lo());
+    let b = TcpTransport::new(ctx(1), cfg, lo());
+    let (p, blob) = b.setup_recv(0).unwrap();
+    let dl = Instant::now() + Duration::from_secs(5);
+    let mut s = a.connect_send(1, &blob, dl).unwrap();
+    let mut r = p.accept(dl).unwrap();
+    let mut got = 0u32;
+    let mut sent = 0u32;
+    while got < 50 {
+        if sent < 50 {
+            if let Some(slot) = s.reserve().unwrap() {
+                let len = (sent * 19 % 1000) as usize;
+                slot[..len].fill(sent as u8);
+                s.commit(Header { len: len as u32, step: sent, ..Default::default() }).unwrap();
+                sent += 1;
+            }
+        }
+        s.progress().unwrap();
+        if let Some((h, p)) = r.peek().unwrap() {
+            assert_eq!(h.step, got);
+            assert_eq!(p.len(), (got * 19 % 1000) as usize);
+            assert!(p.iter().all(|&x| x == got as u8));
+            r.consume().unwrap();
+            got += 1;
+        }
+    }
+    drop(s);
+    let t = Instant::now();
+    loop {
+        match r.peek() {
+            Err(e) => {
+                assert_eq!(e.kind, oxccl_transport::ErrorKind::Remote);
+                break;
+            }
+            Ok(_) => assert!(t.elapsed() < Duration::from_secs(5)),
+        }
+    }
+}
+
+#[test]
+fn strangers_are_dropped_and_do_not_block() {
+    let b = TcpTransport::new(ctx(1), TcpConfig::default(), lo());
+    let (p, blob) = b.setup_recv(0).unwrap();
+    let n = blob[0] as usize;
+    let port = u16::from_le_bytes([blob[1 + n], blob[2 + n]]);
+    let addr = SocketAddr::new(lo(), port);
+    // a silent stranger, a garbage sender and one with the wrong secret
+    let _silent = TcpStream::connect(addr).unwrap();
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(&[0xAB; 4096]).unwrap();
+    let wrong = TcpTransport::new(ctx(2), TcpConfig::default(), lo());
+    let dl = Instant::now() + Duration::from_secs(5);
+    let _w = wrong.connect_send(1, &blob, dl).unwrap();
+    // the real sender still gets through at once
+    let a = TcpTransport::new(ctx(1), TcpConfig::default(), lo());
+    let _s = a.connect_send(1, &blob, dl).unwrap();
+    let t = Instant::now();
+    let _r = p.accept(dl).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let acc = b.acceptor().unwrap();
+    let dropped = acc.lock().unwrap().dropped;
+    assert!(dropped >= 2, "garbage and wrong-secret hellos dropped, got {dropped}");
+}
+
+#[test]
+fn malformed_blobs_are_rejected() {
+    let a = TcpTransport::new(ctx(1), TcpConfig::default(), lo());
+    let dl = Instant::now() + Duration::from_secs(1);
+    for blob in [&[][..], &[200, 1, 2], &[3, b'a', b'b', b'c', 0, 0]] {
+        assert!(a.connect_send(1, blob, dl).is_err());
+    }
+}
+
+mod fuzz {
+    use super::*;
+
+    #[test]
+    fn setup_blobs_of_random_bytes_are_refused_cleanly() {
+        let a = TcpTransport::new(
+            TransportCtx { rank: 0, nranks: 2, comm_id: 1, secret: [0; 32], peers: vec![] },
+            TcpConfig::default(),
+            "127.0.0.1".parse().unwrap(),
+        );
+        let dl = Instant::now() + Duration::from_millis(50);
+        let mut z = 0xB10B_u64;
+        for _ in 0..2000 {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let len = (z >> 58) as usize;
+            let blob: Vec<u8> = (0..len).map(|i| (z >> (i % 56)) as u8).collect();
+            // any outcome but a panic is fine; most must be refused
+            let _ = a.connect_send(1, &blob, dl);
+        }
+    }
+}
