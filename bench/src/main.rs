@@ -370,126 +370,34 @@ fn sizes(o: &Opts) -> Vec<usize> {
     v
 }
 
+/// The running totals of a table: wrong results, and the bus bandwidths of the non-empty rows.
+#[derive(Default)]
+struct Totals {
+    wrong: usize,
+    bw_sum: f64,
+    bw_n: usize,
+}
+
 fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<usize> {
-    let (n, r) = (c.size(), c.rank());
-    let lead = r == 0;
-    let tty = lead && std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let mut total_wrong = 0;
-    let mut bw_sum = 0.0;
-    let mut bw_n = 0usize;
+    let (n, lead) = (c.size(), c.rank() == 0);
+    let mut t = Totals::default();
     if lead {
-        println!("# oxccl-perf {} (nccl-tests compatible table)", env!("CARGO_PKG_VERSION"));
-        println!(
-            "# nranks {n} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
-            o.min,
-            o.max,
-            if o.step > 0 { o.step } else { o.factor },
-            if o.step > 0 { "bytes" } else { "factor" },
-            o.warmup,
-            o.iters,
-            o.check as u8
-        );
-        println!("#");
-        println!("# Using devices");
-        for p in c.peers() {
-            println!("#  Rank {:2} Pid {:6} on {:>10} host {:016x} cpu", p.rank, p.pid, p.hostname, p.host_id);
-        }
-        println!("#");
+        print_preamble(c, o);
     }
     for name in &o.colls {
         let coll = coll_of(name);
         if lead {
-            println!("# Collective: {name}");
-            println!(
-                "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
-                "", "", "", "", ""
-            );
-            println!(
-                "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
-                "size",
-                "count",
-                "type",
-                "redop",
-                "root",
-                "time",
-                "algbw",
-                "busbw",
-                "#wrong",
-                "time",
-                "algbw",
-                "busbw",
-                "#wrong"
-            );
-            println!(
-                "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
-                "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
-            );
+            print_table_header(name);
         }
-        let reduces = coll.reduces();
-        let ops: Vec<String> = if reduces { o.ops.clone() } else { vec!["none".into()] };
-        let roots: Vec<usize> = if coll.rooted() && *name != "sendrecv" {
-            match &o.roots {
-                Some(v) if v.is_empty() => (0..n).collect(),
-                Some(v) => v.clone(),
-                None => vec![0],
-            }
-        } else {
-            vec![0]
-        };
-        for &root in &roots {
+        let ops: Vec<String> = if coll.reduces() { o.ops.clone() } else { vec!["none".into()] };
+        for root in roots_of(coll, name, o, n) {
             if root >= n {
                 return Err(oxccl::Error::invalid_argument(format!("root {root} out of range")));
             }
             for &dt in &o.types {
                 for opname in &ops {
-                    let op = op_of(opname, dt);
                     for size in sizes(o) {
-                        let es = dt.size();
-                        // per-rank counts for the collectives nccl-tests sizes by total bytes
-                        let per_rank =
-                            matches!(*name, "allgather" | "reducescatter" | "alltoall" | "gather" | "scatter");
-                        let count = if per_rank { size / es / n } else { size / es };
-                        let total = if per_rank { count * n * es } else { count * es };
-                        let mut cols = String::new();
-                        // on a terminal, the row being measured (a row of --coll all -d all can
-                        // take seconds); erased when the row is printed
-                        if tty {
-                            print!("\r# measuring {name} {} {opname} {total} B ...\x1b[K", dt.name());
-                            let _ = std::io::Write::flush(&mut std::io::stdout());
-                        }
-                        for inplace in [false, true] {
-                            match bench_any(c, o, dev, name, dt, op, count, root, inplace)? {
-                                Some(res) => {
-                                    let (us, wrong) = combine_ranks(c, res.us, res.wrong, o.average)?;
-                                    let algbw = total as f64 / us / 1e3;
-                                    let busbw = algbw * bus_factor(name, n);
-                                    total_wrong += wrong;
-                                    if total > 0 {
-                                        bw_sum += busbw;
-                                        bw_n += 1;
-                                    }
-                                    let w = if o.check { wrong.to_string() } else { "N/A".into() };
-                                    cols += &format!("  {us:7.2}  {algbw:6.2}  {busbw:6.2}  {w:>6}");
-                                }
-                                None => cols += &format!("  {:>7}  {:>6}  {:>6}  {:>6}", "N/A", "N/A", "N/A", "N/A"),
-                            }
-                        }
-                        if o.bound {
-                            let bw = memcpy_bw(c, total)?;
-                            cols += &format!("  bound {:6.2}", bound_busbw(name, n, total, bw));
-                        }
-                        if tty {
-                            print!("\r\x1b[K");
-                        }
-                        if lead {
-                            let root_col = if coll.rooted() && *name != "sendrecv" { root as i64 } else { -1 };
-                            println!(
-                                "{total:12}  {:12}  {:>8}  {:>6}  {root_col:6}{cols}",
-                                total / es,
-                                dt.name(),
-                                opname
-                            );
-                        }
+                        run_row(c, o, dev, (name, coll, root, dt, opname), size, &mut t)?;
                     }
                 }
             }
@@ -503,13 +411,131 @@ fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<u
             mem[0] as f64 / (1 << 20) as f64
         );
         println!("# Out of bounds values : 0 OK");
-        println!("# Avg bus bandwidth    : {:.4}", if bw_n > 0 { bw_sum / bw_n as f64 } else { 0.0 });
+        println!("# Avg bus bandwidth    : {:.4}", if t.bw_n > 0 { t.bw_sum / t.bw_n as f64 } else { 0.0 });
         println!("#");
-        if total_wrong > 0 {
-            println!("# {total_wrong} wrong results: FAILED");
+        if t.wrong > 0 {
+            println!("# {} wrong results: FAILED", t.wrong);
         }
     }
-    Ok(total_wrong)
+    Ok(t.wrong)
+}
+
+/// The roots a rooted collective runs with (`-r`), or just 0.
+fn roots_of(coll: Coll, name: &str, o: &Opts, n: usize) -> Vec<usize> {
+    if !coll.rooted() || name == "sendrecv" {
+        return vec![0];
+    }
+    match &o.roots {
+        Some(v) if v.is_empty() => (0..n).collect(),
+        Some(v) => v.clone(),
+        None => vec![0],
+    }
+}
+
+/// nccl-tests' preamble: the settings, then every rank.
+fn print_preamble(c: &Communicator, o: &Opts) {
+    println!("# oxccl-perf {} (nccl-tests compatible table)", env!("CARGO_PKG_VERSION"));
+    println!(
+        "# nranks {} minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} validation: {}",
+        c.size(),
+        o.min,
+        o.max,
+        if o.step > 0 { o.step } else { o.factor },
+        if o.step > 0 { "bytes" } else { "factor" },
+        o.warmup,
+        o.iters,
+        o.check as u8
+    );
+    println!("#");
+    println!("# Using devices");
+    for p in c.peers() {
+        println!("#  Rank {:2} Pid {:6} on {:>10} host {:016x} cpu", p.rank, p.pid, p.hostname, p.host_id);
+    }
+    println!("#");
+}
+
+/// The column headers of one collective's table.
+fn print_table_header(name: &str) {
+    println!("# Collective: {name}");
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
+        "", "", "", "", ""
+    );
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    println!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+}
+
+/// One row: `size` bytes of (collective, root, type, op), out of place then in place.
+fn run_row(
+    c: &Communicator,
+    o: &Opts,
+    dev: Option<&DevCtx>,
+    (name, coll, root, dt, opname): (&str, Coll, usize, DataType, &str),
+    size: usize,
+    t: &mut Totals,
+) -> oxccl::Result<()> {
+    let (n, lead) = (c.size(), c.rank() == 0);
+    let tty = lead && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let op = op_of(opname, dt);
+    let es = dt.size();
+    // per-rank counts for the collectives nccl-tests sizes by total bytes
+    let per_rank = matches!(name, "allgather" | "reducescatter" | "alltoall" | "gather" | "scatter");
+    let count = if per_rank { size / es / n } else { size / es };
+    let total = if per_rank { count * n * es } else { count * es };
+    let mut cols = String::new();
+    // on a terminal, the row being measured (a row of --coll all -d all can take seconds);
+    // erased when the row is printed
+    if tty {
+        print!("\r# measuring {name} {} {opname} {total} B ...\x1b[K", dt.name());
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
+    for inplace in [false, true] {
+        match bench_any(c, o, dev, name, dt, op, count, root, inplace)? {
+            Some(res) => {
+                let (us, wrong) = combine_ranks(c, res.us, res.wrong, o.average)?;
+                let algbw = total as f64 / us / 1e3;
+                let busbw = algbw * bus_factor(name, n);
+                t.wrong += wrong;
+                if total > 0 {
+                    t.bw_sum += busbw;
+                    t.bw_n += 1;
+                }
+                let w = if o.check { wrong.to_string() } else { "N/A".into() };
+                cols += &format!("  {us:7.2}  {algbw:6.2}  {busbw:6.2}  {w:>6}");
+            }
+            None => cols += &format!("  {:>7}  {:>6}  {:>6}  {:>6}", "N/A", "N/A", "N/A", "N/A"),
+        }
+    }
+    if o.bound {
+        let bw = memcpy_bw(c, total)?;
+        cols += &format!("  bound {:6.2}", bound_busbw(name, n, total, bw));
+    }
+    if tty {
+        print!("\r\x1b[K");
+    }
+    if lead {
+        let root_col = if coll.rooted() && name != "sendrecv" { root as i64 } else { -1 };
+        println!("{total:12}  {:12}  {:>8}  {:>6}  {root_col:6}{cols}", total / es, dt.name(), opname);
+    }
+    Ok(())
 }
 
 /// `--analyze DIR`: read the flight records (`OXCCL_DUMP_DIR`) of a failed job and say which
