@@ -513,128 +513,136 @@ fn read_keys(s: &mut TcpStream) -> std::io::Result<Vec<String>> {
 
 fn serve_inner(st: &ServerState, s: &mut TcpStream) -> std::io::Result<()> {
     if let Some(secret) = &st.secret {
-        let mut nonce = [0u8; 16];
-        random_bytes(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
-        s.write_all(&nonce)?;
-        s.set_read_timeout(Some(AUTH_TIMEOUT))?;
-        let claimed = read_exact(s, 32)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no authentication in time"))?;
-        let mut ctx = b"oxccl-store".to_vec();
-        ctx.extend_from_slice(&nonce);
-        if !verify_proof(secret, &ctx, &claimed) {
-            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "bad secret proof"));
-        }
-        s.set_read_timeout(None)?;
+        authenticate(secret, s)?;
     }
     loop {
         let mut op = [0u8; 1];
         if s.read(&mut op)? == 0 {
             return Ok(());
         }
-        let mut out = Vec::new();
-        match op[0] {
-            q::VALIDATE => {
-                let m = read_exact(s, 4)?;
-                if u32::from_ne_bytes(m.try_into().unwrap()) != VALIDATE_MAGIC {
-                    return Err(invalid("bad validation magic"));
-                }
-            }
-            q::SET => {
-                let k = read_key(s)?;
-                let v = read_sized(s, MAX_VALUE)?;
-                st.map.lock().unwrap().insert(k, v);
-                st.cv.notify_all();
-            }
-            q::COMPARE_SET => {
-                let k = read_key(s)?;
-                let expected = read_sized(s, MAX_VALUE)?;
-                let desired = read_sized(s, MAX_VALUE)?;
-                let mut g = st.map.lock().unwrap();
-                let cur = g.get(&k).cloned();
-                let result = match cur {
-                    None if expected.is_empty() => {
-                        g.insert(k, desired.clone());
-                        desired
-                    }
-                    None => expected,
-                    Some(c) if c == expected => {
-                        g.insert(k, desired.clone());
-                        desired
-                    }
-                    Some(c) => c,
-                };
-                st.cv.notify_all();
-                put_bytes(&mut out, &result);
-            }
-            q::GET => {
-                let k = read_key(s)?;
-                let g = wait_keys(st, std::slice::from_ref(&k), s)?;
-                put_bytes(&mut out, &g[&k]);
-            }
-            q::ADD => {
-                let k = read_key(s)?;
-                let d = i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap());
-                let mut g = st.map.lock().unwrap();
-                let v = g
-                    .get(&k)
-                    .and_then(|b| std::str::from_utf8(b).ok()?.parse::<i64>().ok())
-                    .unwrap_or(0)
-                    .wrapping_add(d);
-                g.insert(k, v.to_string().into_bytes());
-                st.cv.notify_all();
-                out.extend_from_slice(&v.to_ne_bytes());
-            }
-            q::CHECK => {
-                let keys = read_keys(s)?;
-                let g = st.map.lock().unwrap();
-                out.push(if keys.iter().all(|k| g.contains_key(k)) { 0 } else { 1 });
-            }
-            q::WAIT => {
-                let keys = read_keys(s)?;
-                drop(wait_keys(st, &keys, s)?);
-                out.push(0);
-            }
-            q::GETNUMKEYS => {
-                out.extend_from_slice(&(st.map.lock().unwrap().len() as i64).to_ne_bytes());
-            }
-            q::DELETE_KEY => {
-                let k = read_key(s)?;
-                let n = st.map.lock().unwrap().remove(&k).is_some() as i64;
-                out.extend_from_slice(&n.to_ne_bytes());
-            }
-            q::APPEND => {
-                let k = read_key(s)?;
-                let v = read_sized(s, MAX_VALUE)?;
-                st.map.lock().unwrap().entry(k).or_default().extend_from_slice(&v);
-                st.cv.notify_all();
-            }
-            q::MULTI_GET => {
-                let keys = read_keys(s)?;
-                let g = wait_keys(st, &keys, s)?;
-                for k in &keys {
-                    put_bytes(&mut out, &g[k]);
-                }
-            }
-            q::MULTI_SET => {
-                let n = read_u64(s)?;
-                if n > MAX_KEYS {
-                    return Err(invalid("too many keys"));
-                }
-                for _ in 0..n {
-                    let k = read_key(s)?;
-                    let v = read_sized(s, MAX_VALUE)?;
-                    st.map.lock().unwrap().insert(k, v);
-                }
-                st.cv.notify_all();
-            }
-            q::CANCEL_WAIT => out.push(1),
-            q::PING => out.extend_from_slice(&read_exact(s, 4)?),
-            other => return Err(invalid(&format!("unknown query type {other}"))),
-        }
+        let out = answer(st, s, op[0])?;
         if !out.is_empty() {
             s.write_all(&out)?;
         }
     }
+}
+
+/// The client proves it knows the secret: a keyed hash of a fresh nonce, within AUTH_TIMEOUT.
+fn authenticate(secret: &[u8; 32], s: &mut TcpStream) -> std::io::Result<()> {
+    let mut nonce = [0u8; 16];
+    random_bytes(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
+    s.write_all(&nonce)?;
+    s.set_read_timeout(Some(AUTH_TIMEOUT))?;
+    let claimed = read_exact(s, 32)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no authentication in time"))?;
+    let mut ctx = b"oxccl-store".to_vec();
+    ctx.extend_from_slice(&nonce);
+    if !verify_proof(secret, &ctx, &claimed) {
+        return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "bad secret proof"));
+    }
+    s.set_read_timeout(None)
+}
+
+/// Read the rest of query `op` and carry it out; returns the answer (empty: none).
+fn answer(st: &ServerState, s: &mut TcpStream, op: u8) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    match op {
+        q::VALIDATE => {
+            let m = read_exact(s, 4)?;
+            if u32::from_ne_bytes(m.try_into().unwrap()) != VALIDATE_MAGIC {
+                return Err(invalid("bad validation magic"));
+            }
+        }
+        q::SET => {
+            let k = read_key(s)?;
+            let v = read_sized(s, MAX_VALUE)?;
+            st.map.lock().unwrap().insert(k, v);
+            st.cv.notify_all();
+        }
+        q::COMPARE_SET => {
+            let k = read_key(s)?;
+            let expected = read_sized(s, MAX_VALUE)?;
+            let desired = read_sized(s, MAX_VALUE)?;
+            let mut g = st.map.lock().unwrap();
+            let cur = g.get(&k).cloned();
+            let result = match cur {
+                None if expected.is_empty() => {
+                    g.insert(k, desired.clone());
+                    desired
+                }
+                None => expected,
+                Some(c) if c == expected => {
+                    g.insert(k, desired.clone());
+                    desired
+                }
+                Some(c) => c,
+            };
+            st.cv.notify_all();
+            put_bytes(&mut out, &result);
+        }
+        q::GET => {
+            let k = read_key(s)?;
+            let g = wait_keys(st, std::slice::from_ref(&k), s)?;
+            put_bytes(&mut out, &g[&k]);
+        }
+        q::ADD => {
+            let k = read_key(s)?;
+            let d = i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap());
+            let mut g = st.map.lock().unwrap();
+            let v =
+                g.get(&k).and_then(|b| std::str::from_utf8(b).ok()?.parse::<i64>().ok()).unwrap_or(0).wrapping_add(d);
+            g.insert(k, v.to_string().into_bytes());
+            st.cv.notify_all();
+            out.extend_from_slice(&v.to_ne_bytes());
+        }
+        q::CHECK => {
+            let keys = read_keys(s)?;
+            let g = st.map.lock().unwrap();
+            out.push(if keys.iter().all(|k| g.contains_key(k)) { 0 } else { 1 });
+        }
+        q::WAIT => {
+            let keys = read_keys(s)?;
+            drop(wait_keys(st, &keys, s)?);
+            out.push(0);
+        }
+        q::GETNUMKEYS => {
+            out.extend_from_slice(&(st.map.lock().unwrap().len() as i64).to_ne_bytes());
+        }
+        q::DELETE_KEY => {
+            let k = read_key(s)?;
+            let n = st.map.lock().unwrap().remove(&k).is_some() as i64;
+            out.extend_from_slice(&n.to_ne_bytes());
+        }
+        q::APPEND => {
+            let k = read_key(s)?;
+            let v = read_sized(s, MAX_VALUE)?;
+            st.map.lock().unwrap().entry(k).or_default().extend_from_slice(&v);
+            st.cv.notify_all();
+        }
+        q::MULTI_GET => {
+            let keys = read_keys(s)?;
+            let g = wait_keys(st, &keys, s)?;
+            for k in &keys {
+                put_bytes(&mut out, &g[k]);
+            }
+        }
+        q::MULTI_SET => {
+            let n = read_u64(s)?;
+            if n > MAX_KEYS {
+                return Err(invalid("too many keys"));
+            }
+            for _ in 0..n {
+                let k = read_key(s)?;
+                let v = read_sized(s, MAX_VALUE)?;
+                st.map.lock().unwrap().insert(k, v);
+            }
+            st.cv.notify_all();
+        }
+        q::CANCEL_WAIT => out.push(1),
+        q::PING => out.extend_from_slice(&read_exact(s, 4)?),
+        other => return Err(invalid(&format!("unknown query type {other}"))),
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
