@@ -66,6 +66,21 @@ pub struct Config {
     /// (`OXCCL_BEACON=0` turns it off: then such a death in init or setup is found at the
     /// timeout, and a silent host by the transport).
     pub beacon: bool,
+    /// Whether device collectives may use CUDA IPC one-shot kernels between GPUs of one host
+    /// (`OXCCL_CUDA_IPC=0` turns them off: device buffers are staged through host memory).
+    pub cuda_ipc: bool,
+    /// `NCCL_COMM_BLOCKING`: the C ABI's default for `ncclConfig_t.blocking` (`None`: blocking).
+    pub comm_blocking: Option<bool>,
+    /// The network between hosts: `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`, `ib`); `None`:
+    /// automatic (verbs if a device opens, else a hardware libfabric provider, else TCP).
+    pub net: Option<String>,
+    /// The libfabric provider: `OXCCL_OFI_PROVIDER`/`FI_PROVIDER` (empty: libfabric's choice).
+    pub ofi_provider: String,
+    /// The RDMA network's settings: `OXCCL_NET_ENDPOINTS`, `OXCCL_NET_ZERO_COPY*`,
+    /// `OXCCL_NET_LINGER_MS`, `OXCCL_NET_REG_CACHE_BYTES`, `OXCCL_NET_WRITE_NOTIFY` and
+    /// NCCL's `NCCL_IB_HCA`, `_GID_INDEX`, `_QPS_PER_CONNECTION`, `_TIMEOUT`, `_RETRY_CNT`,
+    /// `_SL`, `_TC` (its slots and message size follow `slots` and `chunk_bytes`).
+    pub rdma: oxccl_transport_rdma::RdmaConfig,
     /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
     /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
     pub tuner: Tuner,
@@ -137,6 +152,11 @@ impl Default for Config {
             dump_dir: None,
             wait_report: Some(Duration::from_secs(30)),
             beacon: true,
+            cuda_ipc: true,
+            comm_blocking: None,
+            net: None,
+            ofi_provider: String::new(),
+            rdma: oxccl_transport_rdma::RdmaConfig::default(),
             tuner: Tuner::default(),
         }
     }
@@ -181,6 +201,11 @@ impl Config {
                 None => d.wait_report,
             },
             beacon: env_any(&["OXCCL_BEACON"]).is_none_or(|v| v.trim() != "0"),
+            cuda_ipc: env_any(&["OXCCL_CUDA_IPC"]).is_none_or(|v| v.trim() != "0"),
+            comm_blocking: env_num(&["NCCL_COMM_BLOCKING"]).map(|v| v != 0.0),
+            net: env_any(&["OXCCL_NET", "NCCL_NET"]),
+            ofi_provider: env_any(&["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]).unwrap_or_default(),
+            rdma: oxccl_transport_rdma::RdmaConfig::from_lookup(&env_any),
             tuner: Tuner {
                 shm_alpha_us: num(&["OXCCL_TUNER_SHM_ALPHA_US"], t.shm_alpha_us),
                 shm_beta_gbps: num(&["OXCCL_TUNER_SHM_BETA_GBPS"], t.shm_beta_gbps),

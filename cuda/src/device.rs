@@ -239,8 +239,7 @@ impl DeviceComm {
         let module = driver::module(device)?; // compile or load the kernels now, not in the first call
         let comm = host.comm();
         let one_host = comm.peers().iter().all(|p| p.host_id == comm.peers()[0].host_id);
-        let ipc_on = std::env::var("OXCCL_CUDA_IPC").map(|v| v != "0").unwrap_or(true);
-        let ipc_allowed = ipc_on && one_host && comm.size() <= MAX_PTRS;
+        let ipc_allowed = comm.config().cuda_ipc && one_host && comm.size() <= MAX_PTRS;
         let inner = Arc::new(Inner {
             host,
             device,

@@ -18,7 +18,7 @@ fn the_adapter_reads_device_memory() {
     if let Err(e) = driver::probe() {
         return skip(&e.to_string());
     }
-    let fab = match verbs::open_ib(1, "127.0.0.1".parse().unwrap(), [1; 32]) {
+    let fab = match verbs::open_ib(1, "127.0.0.1".parse().unwrap(), [1; 32], &oxccl::Config::from_env().rdma.ib) {
         Ok(f) => f,
         Err(e) => return skip(&e.to_string()),
     };

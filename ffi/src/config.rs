@@ -16,9 +16,9 @@ pub(crate) struct Parsed {
 /// # Safety
 /// `cfg` is NULL or points to at least `cfg->size` readable bytes (NCCL's contract).
 pub(crate) unsafe fn parse_config(cfg: *const ncclConfig_t) -> Result<Parsed, Error> {
-    let env_blocking = std::env::var("NCCL_COMM_BLOCKING").ok().and_then(|v| v.trim().parse::<i32>().ok());
+    let env_blocking = oxccl::Config::from_env().comm_blocking;
     if cfg.is_null() {
-        return Ok(Parsed { blocking: env_blocking.map(|b| b != 0) });
+        return Ok(Parsed { blocking: env_blocking });
     }
     // SAFETY: non-null; the first field is the caller's size_t `size`.
     let size = unsafe { std::ptr::read_unaligned(cfg as *const size_t) };
@@ -47,5 +47,5 @@ pub(crate) unsafe fn parse_config(cfg: *const ncclConfig_t) -> Result<Parsed, Er
         1 => Some(true),
         b => return Err(arg(format!("ncclConfig_t.blocking is {b}; it must be 0 or 1"))),
     };
-    Ok(Parsed { blocking: env_blocking.map(|b| b != 0).or(blocking) })
+    Ok(Parsed { blocking: env_blocking.or(blocking) })
 }

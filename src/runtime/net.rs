@@ -31,7 +31,7 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
     Ok(list)
 }
 
-/// The network between hosts: `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`, `ib`); asked for and not
+/// The network between hosts ([`Config::net`]: `socket`, `ofi`, `ib`); asked for and not
 /// available is an error naming why. Unset, when the ranks span hosts: verbs if a device opens,
 /// else libfabric if it offers a provider that is not itself TCP or sockets (EFA, CXI, verbs),
 /// else oxccl's TCP.
@@ -42,9 +42,10 @@ fn open_net(
     cfg: &Config,
     several_hosts: bool,
 ) -> Result<Option<RdmaTransport>> {
-    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, ..Default::default() };
-    let explicit = std::env::var_os("OXCCL_NET").or_else(|| std::env::var_os("NCCL_NET")).is_some();
-    match NetChoice::from_env().map_err(|e| e.with_rank(rank))? {
+    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, ..cfg.rdma.clone() };
+    let explicit = cfg.net.is_some();
+    let choice = NetChoice::parse(cfg.net.as_deref().unwrap_or(""), &cfg.ofi_provider);
+    match choice.map_err(|e| e.with_rank(rank))? {
         NetChoice::Socket if explicit => Ok(None),
         NetChoice::Socket => {
             if !several_hosts {

@@ -1,4 +1,6 @@
-//! Settings of the RDMA transport: the network choice, the sizes, and their environment.
+//! Settings of the RDMA transport: the network choice, the sizes, the verbs path. The
+//! environment is read by oxccl's `Config::from_env`, which hands the values to
+//! [`RdmaConfig::from_lookup`]: this crate parses them, and reads no variable itself.
 
 use super::*;
 use oxccl_transport::{Error, Result};
@@ -15,14 +17,6 @@ pub enum NetChoice {
 }
 
 impl NetChoice {
-    /// From `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`/`libfabric`/`aws-ofi-nccl`, `ib`/`verbs`),
-    /// case-insensitive; unset: socket. `OXCCL_OFI_PROVIDER` (or `FI_PROVIDER`) picks the
-    /// libfabric provider.
-    pub fn from_env() -> Result<NetChoice> {
-        let v = std::env::var("OXCCL_NET").or_else(|_| std::env::var("NCCL_NET")).unwrap_or_default();
-        let prov = std::env::var("OXCCL_OFI_PROVIDER").or_else(|_| std::env::var("FI_PROVIDER")).unwrap_or_default();
-        NetChoice::parse(&v, &prov)
-    }
     /// Parse a value of `OXCCL_NET` with a provider name.
     pub fn parse(v: &str, provider: &str) -> Result<NetChoice> {
         match v.trim().to_ascii_lowercase().as_str() {
@@ -38,11 +32,6 @@ impl NetChoice {
 
 /// Bounds of the registration cache of user memory.
 pub(crate) const USER_CACHE_ENTRIES: usize = 256;
-
-/// `OXCCL_NET_REG_CACHE_BYTES`: most bytes of user memory kept registered (default 8 GiB).
-pub(crate) fn user_cache_bytes() -> usize {
-    std::env::var("OXCCL_NET_REG_CACHE_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(8 << 30)
-}
 
 /// Settings of the RDMA transport.
 #[derive(Debug, Clone)]
@@ -63,43 +52,81 @@ pub struct RdmaConfig {
     /// Longest wait, when closing, for receivers to confirm they have read this rank's last
     /// messages (`OXCCL_NET_LINGER_MS`, default 5 s); see the crate docs (Closing).
     pub linger: std::time::Duration,
+    /// Most bytes of user memory kept registered (`OXCCL_NET_REG_CACHE_BYTES`, default 8 GiB).
+    pub reg_cache_bytes: usize,
+    /// Whether a write carries its notification where the provider can (`OXCCL_NET_WRITE_NOTIFY`,
+    /// default on).
+    pub write_notify: bool,
+    /// The verbs device and path settings.
+    pub ib: IbSettings,
+}
+
+/// The verbs settings, as given (`OXCCL_IB_*`, else NCCL's `NCCL_IB_*`); checked when a device
+/// opens, where a bad value is an error naming the variable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IbSettings {
+    /// `NCCL_IB_HCA`: which devices and ports (empty: any).
+    pub hca: String,
+    /// `NCCL_IB_GID_INDEX` (unset or negative: automatic).
+    pub gid_index: Option<String>,
+    /// `NCCL_IB_TIMEOUT` (ACK timeout exponent, default 20).
+    pub timeout: Option<String>,
+    /// `NCCL_IB_RETRY_CNT` (default 7).
+    pub retry_cnt: Option<String>,
+    /// `NCCL_IB_SL` (service level, default 0).
+    pub sl: Option<String>,
+    /// `NCCL_IB_TC` (traffic class, default 0).
+    pub tc: Option<String>,
 }
 
 impl Default for RdmaConfig {
+    /// The built-in settings, nothing read from the environment.
     fn default() -> Self {
         RdmaConfig {
             slots: 8,
             max_message: 512 << 10,
-            endpoints: endpoints_from_env(),
-            zero_copy_min_op: zero_copy_min_from_env(),
-            linger: std::time::Duration::from_millis(
-                std::env::var("OXCCL_NET_LINGER_MS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(5000),
-            ),
+            endpoints: 1,
+            zero_copy_min_op: None,
+            linger: std::time::Duration::from_secs(5),
+            reg_cache_bytes: 8 << 30,
+            write_notify: true,
+            ib: IbSettings::default(),
         }
     }
 }
 
-/// `OXCCL_NET_ZERO_COPY` (`0` off, `1` on) and `OXCCL_NET_ZERO_COPY_MIN_BYTES`; `None`: decide
-/// by provider.
-pub fn zero_copy_min_from_env() -> Option<usize> {
-    let min = std::env::var("OXCCL_NET_ZERO_COPY_MIN_BYTES").ok().and_then(|v| v.trim().parse().ok());
-    match std::env::var("OXCCL_NET_ZERO_COPY").map(|v| v.trim().to_string()).as_deref() {
-        Ok("0") => Some(usize::MAX),
-        Ok("1") => Some(min.unwrap_or(ZERO_COPY_MIN)),
-        _ => min,
+impl RdmaConfig {
+    /// The settings `get` gives (the first set variable among the names it is asked for, as
+    /// oxccl's `Config::from_env` reads them), over the defaults.
+    pub fn from_lookup(get: &dyn Fn(&[&str]) -> Option<String>) -> RdmaConfig {
+        let d = RdmaConfig::default();
+        let num = |names: &[&str]| get(names).and_then(|v| v.trim().parse::<usize>().ok());
+        let min = num(&["OXCCL_NET_ZERO_COPY_MIN_BYTES"]);
+        let zero_copy_min_op = match get(&["OXCCL_NET_ZERO_COPY"]).as_deref().map(str::trim) {
+            Some("0") => Some(usize::MAX),
+            Some("1") => Some(min.unwrap_or(ZERO_COPY_MIN)),
+            _ => min,
+        };
+        RdmaConfig {
+            endpoints: num(&["OXCCL_NET_ENDPOINTS", "NCCL_IB_QPS_PER_CONNECTION"]).unwrap_or(1).clamp(1, MAX_ENDPOINTS),
+            zero_copy_min_op,
+            linger: num(&["OXCCL_NET_LINGER_MS"])
+                .map(|ms| std::time::Duration::from_millis(ms as u64))
+                .unwrap_or(d.linger),
+            reg_cache_bytes: num(&["OXCCL_NET_REG_CACHE_BYTES"]).unwrap_or(d.reg_cache_bytes),
+            write_notify: get(&["OXCCL_NET_WRITE_NOTIFY"]).is_none_or(|v| v.trim() != "0"),
+            ib: IbSettings {
+                hca: get(&["OXCCL_IB_HCA", "NCCL_IB_HCA"]).unwrap_or_default(),
+                gid_index: get(&["OXCCL_IB_GID_INDEX", "NCCL_IB_GID_INDEX"]),
+                timeout: get(&["OXCCL_IB_TIMEOUT", "NCCL_IB_TIMEOUT"]),
+                retry_cnt: get(&["OXCCL_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"]),
+                sl: get(&["OXCCL_IB_SL", "NCCL_IB_SL"]),
+                tc: get(&["OXCCL_IB_TC", "NCCL_IB_TC"]),
+            },
+            ..d
+        }
     }
 }
 
 /// Default smallest operation sent from user memory (hardware providers).
 pub(crate) const ZERO_COPY_MIN: usize = 1 << 20;
-
-/// `OXCCL_NET_ENDPOINTS` (or `NCCL_IB_QPS_PER_CONNECTION`), clamped to 1..=[`MAX_ENDPOINTS`];
-/// default 1.
-pub fn endpoints_from_env() -> usize {
-    std::env::var("OXCCL_NET_ENDPOINTS")
-        .or_else(|_| std::env::var("NCCL_IB_QPS_PER_CONNECTION"))
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(1)
-        .clamp(1, MAX_ENDPOINTS)
-}

@@ -18,11 +18,11 @@ impl RdmaTransport {
     pub fn open(choice: &NetChoice, ctx: TransportCtx, ip: std::net::IpAddr, cfg: RdmaConfig) -> Result<RdmaTransport> {
         let fab: Box<dyn Fabric> = match choice {
             NetChoice::Ofi(provider) => open_ofi(provider, &ip, cfg.endpoints)?,
-            NetChoice::Ib => verbs::open_ib(cfg.endpoints, ip, ctx.secret)?,
+            NetChoice::Ib => verbs::open_ib(cfg.endpoints, ip, ctx.secret, &cfg.ib)?,
             NetChoice::Socket => return Err(Error::invalid_argument("the socket network is oxccl's TCP transport")),
         };
         tracing::info!("NET: provider {} on {}", fab.provider(), fab.device());
-        Ok(RdmaTransport { net: Net::open(fab, ctx, cfg.linger)?, cfg })
+        Ok(RdmaTransport { net: Net::open(fab, ctx, &cfg)?, cfg })
     }
 
     /// Provider and device, for logs.

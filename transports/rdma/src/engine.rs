@@ -143,27 +143,29 @@ pub(crate) struct Net {
     /// Registrations of user memory (large messages are written from where they lie).
     pub(crate) user: std::sync::OnceLock<Option<memmon::Watched<Region>>>,
     /// Messages go as one write carrying its notification (the backend offers it, and
-    /// `OXCCL_NET_WRITE_NOTIFY` is not `0`).
+    /// [`RdmaConfig::write_notify`] is on).
     pub(crate) write_notify: bool,
     /// Longest wait for FLUSH answers when closing.
     pub(crate) linger: std::time::Duration,
+    /// Most bytes of user memory kept registered.
+    pub(crate) reg_cache_bytes: usize,
 }
 
 impl Net {
-    pub(crate) fn open(fab: Box<dyn Fabric>, ctx: TransportCtx, linger: std::time::Duration) -> Result<Arc<Net>> {
+    pub(crate) fn open(fab: Box<dyn Fabric>, ctx: TransportCtx, cfg: &RdmaConfig) -> Result<Arc<Net>> {
         let mut rx = Mem::new(MSG_BYTES * RX_BUFS * fab.endpoints());
         let mut tx = Mem::new(MSG_BYTES * TX_BUFS);
         // SAFETY: both pools live in NetState, inside the Net that owns the fabric, and are
         // deregistered in Net's Drop before they are freed.
         let (rx_region, tx_region) = unsafe { (fab.register(rx.ptr(), rx.len())?, fab.register(tx.ptr(), tx.len())?) };
-        let write_notify =
-            fab.notify_writes() && std::env::var("OXCCL_NET_WRITE_NOTIFY").map_or(true, |v| v.trim() != "0");
+        let write_notify = fab.notify_writes() && cfg.write_notify;
         let net = Arc::new(Net {
             fab,
             ctx,
             user: std::sync::OnceLock::new(),
             write_notify,
-            linger,
+            linger: cfg.linger,
+            reg_cache_bytes: cfg.reg_cache_bytes,
             st: Mutex::new(NetState {
                 next_id: 1,
                 outbox: std::collections::VecDeque::new(),
@@ -370,7 +372,7 @@ impl Net {
     /// (then nothing is sent from user memory).
     pub(crate) fn user_cache(&self) -> Option<&memmon::Watched<Region>> {
         self.user
-            .get_or_init(|| match memmon::Watched::new(USER_CACHE_ENTRIES, user_cache_bytes()) {
+            .get_or_init(|| match memmon::Watched::new(USER_CACHE_ENTRIES, self.reg_cache_bytes) {
                 Ok(w) => Some(w),
                 Err(e) => {
                     tracing::info!("NET/OFI: messages are copied through staging rings: {e}");

@@ -26,6 +26,7 @@ fn open_eps(rank: usize, slots: usize, max: usize, endpoints: usize) -> Option<R
         endpoints,
         zero_copy_min_op: Some(0),
         linger: std::time::Duration::from_secs(5),
+        ..Default::default()
     };
     match RdmaTransport::open(&NetChoice::Ofi(provider()), ctx(rank), "127.0.0.1".parse().unwrap(), cfg) {
         Ok(t) => Some(t),
@@ -212,7 +213,7 @@ fn a_sender_without_the_secret_is_not_accepted() {
         net: Net::open(
             open_ofi(&provider(), &"127.0.0.1".parse().unwrap(), 1).unwrap(),
             stranger_ctx,
-            Duration::from_secs(5),
+            &RdmaConfig::default(),
         )
         .unwrap(),
         cfg: RdmaConfig {
@@ -221,6 +222,7 @@ fn a_sender_without_the_secret_is_not_accepted() {
             endpoints: 1,
             zero_copy_min_op: Some(0),
             linger: std::time::Duration::from_secs(5),
+            ..Default::default()
         },
     };
     let (pending, blob) = b.setup_recv(0).unwrap();
@@ -308,8 +310,9 @@ fn open_sim(rank: usize, slots: usize, max: usize, eps: usize) -> (RdmaTransport
         endpoints: eps,
         zero_copy_min_op: Some(0),
         linger: std::time::Duration::from_secs(5),
+        ..Default::default()
     };
-    (RdmaTransport { net: Net::open(Box::new(fab), ctx(rank), cfg.linger).unwrap(), cfg }, dev)
+    (RdmaTransport { net: Net::open(Box::new(fab), ctx(rank), &cfg).unwrap(), cfg }, dev)
 }
 
 /// The shared conformance suite over libfabric (skipped where no provider opens, unless
@@ -354,13 +357,14 @@ fn verbs_handshake_refuses_a_stranger() {
     let sdev = Arc::new(verbs::sim::SimDevice::new("stranger", 1));
     let fab = verbs::fabric::VerbsFabric::new(sdev, "127.0.0.1".parse().unwrap(), stranger_ctx.secret).unwrap();
     let stranger = RdmaTransport {
-        net: Net::open(Box::new(fab), stranger_ctx, Duration::from_secs(5)).unwrap(),
+        net: Net::open(Box::new(fab), stranger_ctx, &RdmaConfig::default()).unwrap(),
         cfg: RdmaConfig {
             slots: 2,
             max_message: 256,
             endpoints: 1,
             zero_copy_min_op: None,
             linger: Duration::from_secs(5),
+            ..Default::default()
         },
     };
     let (pending, blob) = b.setup_recv(0).unwrap();

@@ -75,11 +75,6 @@ impl HcaFilter {
         Ok(f)
     }
 
-    /// From `OXCCL_IB_HCA`, else `NCCL_IB_HCA`.
-    pub fn from_env() -> Result<HcaFilter> {
-        HcaFilter::parse(&std::env::var("OXCCL_IB_HCA").or_else(|_| std::env::var("NCCL_IB_HCA")).unwrap_or_default())
-    }
-
     /// Whether `device` port `port` is selected.
     pub fn selects(&self, device: &str, port: u32) -> bool {
         if self.entries.is_empty() {
@@ -180,11 +175,11 @@ pub fn select_gid(table: &[Gid], want: Option<u32>) -> Result<Gid> {
         .ok_or_else(|| Error::new(ErrorKind::Unavailable, "the port has no usable GID"))
 }
 
-/// `NCCL_IB_GID_INDEX`/`OXCCL_IB_GID_INDEX` (unset or negative: automatic).
-pub fn gid_index_from_env() -> Result<Option<u32>> {
-    match std::env::var("OXCCL_IB_GID_INDEX").or_else(|_| std::env::var("NCCL_IB_GID_INDEX")) {
-        Err(_) => Ok(None),
-        Ok(v) => {
+/// `NCCL_IB_GID_INDEX`/`OXCCL_IB_GID_INDEX` as given (unset or negative: automatic).
+pub fn gid_index(given: Option<&str>) -> Result<Option<u32>> {
+    match given {
+        None => Ok(None),
+        Some(v) => {
             let n: i64 = v.trim().parse().map_err(|_| Error::invalid_argument(format!("NCCL_IB_GID_INDEX={v:?}")))?;
             Ok(u32::try_from(n).ok())
         }
@@ -262,14 +257,14 @@ fn active_ports(root: &std::path::Path, device: &str) -> Vec<u32> {
 }
 
 /// Pick the device, port and GID: the first active port of a device `NCCL_IB_HCA` selects.
-pub fn choose_port() -> Result<(String, u32, Gid)> {
-    let filter = HcaFilter::from_env()?;
+pub fn choose_port(ib: &crate::IbSettings) -> Result<(String, u32, Gid)> {
+    let filter = HcaFilter::parse(&ib.hca)?;
     let devs = devices()?;
     if devs.is_empty() {
         return Err(Error::new(ErrorKind::Unavailable, "no RDMA device (libibverbs lists none)"));
     }
     let root = std::path::Path::new("/sys/class/infiniband");
-    let want = gid_index_from_env()?;
+    let want = gid_index(ib.gid_index.as_deref())?;
     for d in &devs {
         if let Some(p) = active_ports(root, d).into_iter().find(|p| filter.selects(d, *p)) {
             let (table, _) = read_gid_table(root, d, p)?;
@@ -284,9 +279,14 @@ pub fn choose_port() -> Result<(String, u32, Gid)> {
 
 /// Open the verbs fabric: the chosen port, `endpoints` endpoints, the handshake listener on
 /// `ip`. `Unavailable` without libibverbs or a usable device.
-pub fn open_ib(endpoints: usize, ip: std::net::IpAddr, secret: [u8; 32]) -> Result<Box<dyn crate::Fabric>> {
-    let (name, port, gid) = choose_port()?;
-    let dev = device::HwDevice::open(&name, port as u8, gid, endpoints)?;
+pub fn open_ib(
+    endpoints: usize,
+    ip: std::net::IpAddr,
+    secret: [u8; 32],
+    ib: &crate::IbSettings,
+) -> Result<Box<dyn crate::Fabric>> {
+    let (name, port, gid) = choose_port(ib)?;
+    let dev = device::HwDevice::open(&name, port as u8, gid, endpoints, ib)?;
     tracing::info!("NET/IB: {name}:{port}, GID index {} ({:?})", gid.index, gid.kind);
     Ok(Box::new(fabric::VerbsFabric::new(std::sync::Arc::new(dev), ip, secret)?))
 }
@@ -389,7 +389,9 @@ mod tests {
         match devices() {
             Ok(d) if !d.is_empty() => eprintln!("RDMA devices here: {d:?}"),
             _ => {
-                let e = open_ib(1, "127.0.0.1".parse().unwrap(), [0; 32]).err().expect("no device, yet opened");
+                let e = open_ib(1, "127.0.0.1".parse().unwrap(), [0; 32], &Default::default())
+                    .err()
+                    .expect("no device, yet opened");
                 assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
                 assert!(e.message.contains("libibverbs") || e.message.contains("no RDMA device"), "{e}");
             }

@@ -137,7 +137,7 @@ fn sys_err(what: String) -> Error {
 impl HwDevice {
     /// Open device `name`, port `port`, with `endpoints` shared receive queues; `gid` is the
     /// selected GID (RoCE) or the port's GID 0 (InfiniBand).
-    pub fn open(name: &str, port: u8, gid: super::Gid, endpoints: usize) -> Result<HwDevice> {
+    pub fn open(name: &str, port: u8, gid: super::Gid, endpoints: usize, ib: &crate::IbSettings) -> Result<HwDevice> {
         let lib = Lib::get().map_err(|e| Error::new(ErrorKind::Unavailable, e))?;
         // SAFETY: the calls follow libibverbs' documented sequence; every pointer returned is
         // checked before use and released in Drop (or here, on failure, by dropping `dev`).
@@ -171,7 +171,7 @@ impl HwDevice {
                 cq: std::ptr::null_mut(),
                 srqs: Vec::new(),
                 qps: Mutex::new(HashMap::new()),
-                path: PathCfg::from_env(port, 0, false, 5).map_err(Error::invalid_argument)?,
+                path: PathCfg::new(port, 0, false, 5, ib).map_err(Error::invalid_argument)?,
                 addr: QpAddr::default(),
             };
             let mut buf = IbvPortAttrBuf { attr: IbvPortAttr::default(), _spare: [0; 64] };

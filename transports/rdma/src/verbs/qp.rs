@@ -72,27 +72,26 @@ pub struct PathCfg {
     pub tc: u8,
 }
 
-fn env_u8(names: &[&str], default: u8, max: u8) -> Result<u8, String> {
-    for n in names {
-        if let Ok(v) = std::env::var(n) {
-            return v.trim().parse::<u8>().ok().filter(|x| *x <= max).ok_or(format!("{n}={v:?} (0..={max})"));
-        }
+/// `given` (the value of `NCCL_IB_<name>`) as a number up to `max`, or `default` when unset.
+fn setting_u8(name: &str, given: Option<&str>, default: u8, max: u8) -> Result<u8, String> {
+    match given {
+        None => Ok(default),
+        Some(v) => v.trim().parse::<u8>().ok().filter(|x| *x <= max).ok_or(format!("NCCL_IB_{name}={v:?} (0..={max})")),
     }
-    Ok(default)
 }
 
 impl PathCfg {
-    /// The settings from `OXCCL_IB_*`/`NCCL_IB_*` (TIMEOUT, RETRY_CNT, SL, TC).
-    pub fn from_env(port: u8, gid_index: u8, ethernet: bool, mtu: u8) -> Result<PathCfg, String> {
+    /// The path settings `ib` gives (TIMEOUT, RETRY_CNT, SL, TC), over NCCL's defaults.
+    pub fn new(port: u8, gid_index: u8, ethernet: bool, mtu: u8, ib: &crate::IbSettings) -> Result<PathCfg, String> {
         Ok(PathCfg {
             port,
             gid_index,
             ethernet,
             mtu,
-            timeout: env_u8(&["OXCCL_IB_TIMEOUT", "NCCL_IB_TIMEOUT"], 20, 31)?,
-            retry_cnt: env_u8(&["OXCCL_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT"], 7, 7)?,
-            sl: env_u8(&["OXCCL_IB_SL", "NCCL_IB_SL"], 0, 15)?,
-            tc: env_u8(&["OXCCL_IB_TC", "NCCL_IB_TC"], 0, 255)?,
+            timeout: setting_u8("TIMEOUT", ib.timeout.as_deref(), 20, 31)?,
+            retry_cnt: setting_u8("RETRY_CNT", ib.retry_cnt.as_deref(), 7, 7)?,
+            sl: setting_u8("SL", ib.sl.as_deref(), 0, 15)?,
+            tc: setting_u8("TC", ib.tc.as_deref(), 0, 255)?,
         })
     }
 }
@@ -316,10 +315,14 @@ mod tests {
 
     #[test]
     fn settings_come_from_nccl_variables() {
-        // the defaults (the variables are not set in tests)
-        let c = PathCfg::from_env(1, 0, false, 5).unwrap();
+        // the defaults, then given values, then a bad one named
+        let c = PathCfg::new(1, 0, false, 5, &crate::IbSettings::default()).unwrap();
         assert_eq!((c.timeout, c.retry_cnt, c.sl, c.tc), (20, 7, 0, 0));
-        assert_eq!(env_u8(&["OXCCL_TEST_UNSET_VARIABLE"], 4, 7), Ok(4));
+        let ib = crate::IbSettings { timeout: Some("14".into()), sl: Some(" 3".into()), ..Default::default() };
+        let c = PathCfg::new(1, 0, false, 5, &ib).unwrap();
+        assert_eq!((c.timeout, c.retry_cnt, c.sl, c.tc), (14, 7, 3, 0));
+        let bad = crate::IbSettings { retry_cnt: Some("9".into()), ..Default::default() };
+        assert_eq!(PathCfg::new(1, 0, false, 5, &bad).unwrap_err(), "NCCL_IB_RETRY_CNT=\"9\" (0..=7)");
         assert_eq!((mtu_enum(256), mtu_enum(1024), mtu_enum(4096)), (1, 3, 5));
     }
 }
