@@ -63,13 +63,19 @@
 
 #![forbid(unsafe_code)]
 
-pub mod exact;
-pub mod exec;
-pub mod reduce;
-pub mod schedule;
-pub mod select;
-pub mod sim;
-pub mod tuner;
+/// Modules whose insides are API only with the `internals` feature (oxccl's own tests,
+/// benchmark and fuzzers): the simulator, exact test data, the executor, the schedules, the
+/// reduction kernels, the store, the tuner. What a user needs of them is re-exported below.
+macro_rules! internal {
+    ($($m:ident),* $(,)?) => { $(
+        #[cfg(feature = "internals")]
+        pub mod $m;
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code, unused_imports)]
+        mod $m;
+    )* };
+}
+internal!(exact, exec, reduce, schedule, select, sim, store, tuner);
 pub mod types;
 
 pub use oxccl_transport::fork::generation as fork_generation;
@@ -84,11 +90,10 @@ pub mod log;
 mod order;
 mod progress;
 mod runtime;
-pub mod store;
 
 pub use bootstrap::UniqueId;
 pub use communicator::{AbortHandle, Communicator, Group, OpDesc, Request};
 pub use config::Config;
 pub use exec::{HostBuf, OpMem};
-pub use schedule::Coll;
+pub use schedule::{inplace_layout, Algo, Coll};
 pub use select::{AlgoSelection, CallOptions};

@@ -26,7 +26,7 @@
 
 use crate::driver::{self, Event, Memory, Pinned, Stream};
 use crate::kernels::{self, KernelArgs, MAX_PTRS};
-use oxccl::exec::OpMem;
+use oxccl::OpMem;
 use oxccl::{CallOptions, Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -416,7 +416,7 @@ impl DeviceComm {
         let es = std::mem::size_of::<T>();
         let mem = if send.ptr == recv.ptr && send.ptr != 0 {
             let (io, oo, len) =
-                oxccl::schedule::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
+                oxccl::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
                     .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", desc.coll.name())))?;
             DevMem::InPlace { base: send.ptr, len: len * es, in_off: io * es, out_off: oo * es }
         } else {

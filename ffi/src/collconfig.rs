@@ -240,7 +240,7 @@ mod tests {
         c.algSelection = c"tree".as_ptr();
         c.userProfilerTag = 42;
         let o = parse(&c, ar).unwrap();
-        assert!(o.algos.allows(oxccl::schedule::Algo::Tree) && !o.algos.allows(oxccl::schedule::Algo::Ring));
+        assert!(o.algos.allows(oxccl::Algo::Tree) && !o.algos.allows(oxccl::Algo::Ring));
         assert_eq!(o.profiler_tag, 42);
         // 2.31's 64-byte layout: no event field is read
         c.size = 64;

@@ -1,7 +1,7 @@
 //! Communicator handles: the table of live communicators behind `ncclComm_t`.
 
 use super::*;
-use oxccl::exec::OpMem;
+use oxccl::OpMem;
 use oxccl::{Communicator, DataType, Error, ErrorKind, Request};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};

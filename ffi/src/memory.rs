@@ -1,8 +1,8 @@
 //! Buffers: host and device pointers, in-place layouts, data types and reduction ops.
 
 use super::*;
-use oxccl::exec::{HostBuf, OpMem};
-use oxccl::schedule::inplace_layout;
+use oxccl::{HostBuf, OpMem};
+use oxccl::inplace_layout;
 use oxccl::{Coll, Communicator, DataType, Error, OpDesc, ReduceOp};
 use std::sync::{Mutex, OnceLock};
 

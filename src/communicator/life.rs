@@ -55,7 +55,7 @@ impl Communicator {
     }
 
     /// `nranks` communicators in this process, one per rank, for threads as ranks
-    /// (`ncclCommInitAll`). Hand each to its own thread, or drive them together with a [`Group`].
+    /// (`ncclCommInitAll`). Hand each to its own thread, or drive them together with a [`crate::Group`].
     pub fn init_all(nranks: usize) -> Result<Vec<Communicator>> {
         Self::init_all_with_config(nranks, Config::from_env())
     }

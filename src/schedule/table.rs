@@ -122,7 +122,7 @@ pub enum Algo {
     Ordered,
     /// Hierarchical all-reduce: reduce inside each host (shared memory), all-reduce among the
     /// hosts' leaders (network), broadcast inside each host. Needs the host layout
-    /// ([`build_hierarchical`]).
+    /// (the schedules are built with the host layout).
     Hierarchical,
     /// Double binary tree all-reduce: each half of the buffer is reduced up one balanced binary
     /// tree and broadcast back down it, pipelined by chunk; the second tree is the first shifted
