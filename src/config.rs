@@ -79,7 +79,9 @@ pub struct Config {
     /// The RDMA network's settings: `OXCCL_NET_ENDPOINTS`, `OXCCL_NET_ZERO_COPY*`,
     /// `OXCCL_NET_LINGER_MS`, `OXCCL_NET_REG_CACHE_BYTES`, `OXCCL_NET_WRITE_NOTIFY` and
     /// NCCL's `NCCL_IB_HCA`, `_GID_INDEX`, `_QPS_PER_CONNECTION`, `_TIMEOUT`, `_RETRY_CNT`,
-    /// `_SL`, `_TC` (its slots and message size follow `slots` and `chunk_bytes`).
+    /// `_SL`, `_TC` (its slots and message size follow `slots` and `chunk_bytes`). With the
+    /// `rdma` feature.
+    #[cfg(feature = "rdma")]
     pub rdma: oxccl_transport_rdma::RdmaConfig,
     /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
     /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
@@ -156,6 +158,7 @@ impl Default for Config {
             comm_blocking: None,
             net: None,
             ofi_provider: String::new(),
+            #[cfg(feature = "rdma")]
             rdma: oxccl_transport_rdma::RdmaConfig::default(),
             tuner: Tuner::default(),
         }
@@ -205,6 +208,7 @@ impl Config {
             comm_blocking: env_num(&["NCCL_COMM_BLOCKING"]).map(|v| v != 0.0),
             net: env_any(&["OXCCL_NET", "NCCL_NET"]),
             ofi_provider: env_any(&["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]).unwrap_or_default(),
+            #[cfg(feature = "rdma")]
             rdma: oxccl_transport_rdma::RdmaConfig::from_lookup(&env_any),
             tuner: Tuner {
                 shm_alpha_us: num(&["OXCCL_TUNER_SHM_ALPHA_US"], t.shm_alpha_us),

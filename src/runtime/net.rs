@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::Result;
 use oxccl_transport::{PeerInfo, Transport, TransportCtx};
+#[cfg(feature = "rdma")]
 use oxccl_transport_rdma::{NetChoice, RdmaConfig, RdmaTransport};
 use oxccl_transport_shm::{ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
@@ -18,7 +19,7 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
     }
     let (rank, peers) = (ctx.rank, ctx.peers.clone());
     if let Some(net) = open_net(&ctx, &peers, rank, cfg, several_hosts)? {
-        list.push(Box::new(net));
+        list.push(net);
     }
     let tcp = TcpConfig {
         slots: cfg.slots,
@@ -35,7 +36,41 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
 /// available is an error naming why. Unset, when the ranks span hosts: verbs if a device opens,
 /// else libfabric if it offers a provider that is not itself TCP or sockets (EFA, CXI, verbs),
 /// else oxccl's TCP.
+#[cfg(feature = "rdma")]
 fn open_net(
+    ctx: &TransportCtx,
+    peers: &[PeerInfo],
+    rank: usize,
+    cfg: &Config,
+    several_hosts: bool,
+) -> Result<Option<Box<dyn Transport>>> {
+    let net = open_rdma(ctx, peers, rank, cfg, several_hosts)?;
+    Ok(net.map(|t| Box::new(t) as Box<dyn Transport>))
+}
+
+/// Without the `rdma` feature, TCP is the network between hosts; asking for another is an error.
+#[cfg(not(feature = "rdma"))]
+fn open_net(
+    _ctx: &TransportCtx,
+    _peers: &[PeerInfo],
+    rank: usize,
+    cfg: &Config,
+    _several_hosts: bool,
+) -> Result<Option<Box<dyn Transport>>> {
+    match cfg.net.as_deref().map(|n| n.trim().to_ascii_lowercase()) {
+        None => Ok(None),
+        Some(n) if n == "socket" || n == "tcp" => Ok(None),
+        Some(n) => Err(oxccl_transport::Error::new(
+            oxccl_transport::ErrorKind::Unavailable,
+            format!("OXCCL_NET={n}: this oxccl was built without the `rdma` feature (TCP only between hosts)"),
+        )
+        .with_rank(rank)
+        .with_op("init: OXCCL_NET")),
+    }
+}
+
+#[cfg(feature = "rdma")]
+fn open_rdma(
     ctx: &TransportCtx,
     peers: &[PeerInfo],
     rank: usize,
@@ -66,5 +101,21 @@ fn open_net(
         choice => RdmaTransport::open(&choice, ctx.clone(), peers[rank].ip, rcfg)
             .map(Some)
             .map_err(|e| e.with_rank(rank).with_op("init: OXCCL_NET")),
+    }
+}
+
+#[cfg(all(test, not(feature = "rdma")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_the_rdma_feature_only_tcp_is_a_network() {
+        let ctx = TransportCtx { rank: 0, nranks: 1, comm_id: 1, secret: [0; 32], peers: vec![] };
+        let with = |net: Option<&str>| Config { net: net.map(String::from), ..Config::default() };
+        assert!(open_net(&ctx, &[], 0, &with(None), true).unwrap().is_none());
+        assert!(open_net(&ctx, &[], 0, &with(Some("socket")), true).unwrap().is_none());
+        let Err(e) = open_net(&ctx, &[], 0, &with(Some("ofi")), true) else { panic!("ofi opened without rdma") };
+        assert_eq!(e.kind, oxccl_transport::ErrorKind::Unavailable);
+        assert!(e.message.contains("without the `rdma` feature"), "{e}");
     }
 }
