@@ -38,6 +38,20 @@ struct Chan {
     to_send: Doorbell,
 }
 
+impl Chan {
+    /// The sending (`sender`) or receiving half ends `how` (an abort overrides a close, a close
+    /// does not override an abort); the other half is woken to see it.
+    fn end(&self, sender: bool, how: End) {
+        let mut q = self.q.lock().unwrap();
+        let side = if sender { &mut q.sender } else { &mut q.receiver };
+        if how == End::Aborted || *side == End::Open {
+            *side = how;
+        }
+        drop(q);
+        if sender { &self.to_recv } else { &self.to_send }.ring();
+    }
+}
+
 /// The receive sides waiting for their senders, by token.
 fn registry() -> &'static Mutex<HashMap<u64, Arc<Chan>>> {
     static R: OnceLock<Mutex<HashMap<u64, Arc<Chan>>>> = OnceLock::new();
@@ -207,19 +221,13 @@ impl SendConn for MemSend {
     }
     fn disarm(&mut self) {}
     fn abort(&mut self) {
-        self.chan.q.lock().unwrap().sender = End::Aborted;
-        self.chan.to_recv.ring();
+        self.chan.end(true, End::Aborted);
     }
 }
 
 impl Drop for MemSend {
     fn drop(&mut self) {
-        let mut q = self.chan.q.lock().unwrap();
-        if q.sender == End::Open {
-            q.sender = End::Closed;
-        }
-        drop(q);
-        self.chan.to_recv.ring();
+        self.chan.end(true, End::Closed);
     }
 }
 
@@ -254,18 +262,12 @@ impl RecvConn for MemRecv {
     }
     fn disarm(&mut self) {}
     fn abort(&mut self) {
-        self.chan.q.lock().unwrap().receiver = End::Aborted;
-        self.chan.to_send.ring();
+        self.chan.end(false, End::Aborted);
     }
 }
 
 impl Drop for MemRecv {
     fn drop(&mut self) {
-        let mut q = self.chan.q.lock().unwrap();
-        if q.receiver == End::Open {
-            q.receiver = End::Closed;
-        }
-        drop(q);
-        self.chan.to_send.ring();
+        self.chan.end(false, End::Closed);
     }
 }
