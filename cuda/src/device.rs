@@ -415,9 +415,8 @@ impl DeviceComm {
         }
         let es = std::mem::size_of::<T>();
         let mem = if send.ptr == recv.ptr && send.ptr != 0 {
-            let (io, oo, len) =
-                oxccl::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
-                    .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", desc.coll.name())))?;
+            let (io, oo, len) = oxccl::inplace_layout(desc.coll, host.size(), host.rank(), desc.count, desc.root)
+                .ok_or_else(|| Error::invalid_argument(format!("{} has no in-place form", desc.coll.name())))?;
             DevMem::InPlace { base: send.ptr, len: len * es, in_off: io * es, out_off: oo * es }
         } else {
             DevMem::Split { send: send.ptr, send_len: send.bytes().min(ni * es), recv: recv.ptr, recv_len: no * es }

@@ -1,9 +1,9 @@
 //! Buffers: host and device pointers, in-place layouts, data types and reduction ops.
 
 use super::*;
-use oxccl::{HostBuf, OpMem};
 use oxccl::inplace_layout;
 use oxccl::{Coll, Communicator, DataType, Error, OpDesc, ReduceOp};
+use oxccl::{HostBuf, OpMem};
 use std::sync::{Mutex, OnceLock};
 
 // ---- buffers -----------------------------------------------------------------------------------
