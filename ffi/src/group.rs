@@ -15,13 +15,13 @@ pub(crate) struct Pending {
     pub(crate) device: Option<(i32, usize)>,
 }
 
-pub(crate) fn dev_mem(l: &Layout) -> oxccl_cuda::DevMem {
+pub(crate) fn dev_mem(l: &Layout) -> device::DevMem {
     match *l {
         Layout::Split { send, send_len, recv, recv_len } => {
-            oxccl_cuda::DevMem::Split { send: send as u64, send_len, recv: recv as u64, recv_len }
+            device::DevMem::Split { send: send as u64, send_len, recv: recv as u64, recv_len }
         }
         Layout::InPlace { base, len, in_off, out_off } => {
-            oxccl_cuda::DevMem::InPlace { base: base as u64, len, in_off, out_off }
+            device::DevMem::InPlace { base: base as u64, len, in_off, out_off }
         }
     }
 }
@@ -29,7 +29,7 @@ pub(crate) fn dev_mem(l: &Layout) -> oxccl_cuda::DevMem {
 /// Where an operation's buffers live: `Some(device)` for device memory (both windows on one GPU),
 /// `None` for host memory; buffers of both kinds in one operation are refused.
 pub(crate) fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
-    use oxccl_cuda::Memory;
+    use device::Memory;
     let (a, alen, b, blen) = match *l {
         Layout::Split { send, send_len, recv, recv_len } => (send, send_len, recv, recv_len),
         Layout::InPlace { base, len, .. } => (base, len, base, len),
@@ -38,7 +38,7 @@ pub(crate) fn placement(l: &Layout, name: &str) -> Result<Option<i32>, Error> {
     let cuda = cu_pointer_get_attribute().is_some();
     let memory_of = |p: usize, len: usize| {
         if cuda && p != 0 && len > 0 {
-            oxccl_cuda::classify(p as u64)
+            device::classify(p as u64)
         } else {
             Memory::Host
         }
@@ -140,7 +140,7 @@ pub(crate) fn enqueue_with(
         let dc = e.device_comm(ordinal)?;
         // SAFETY: NCCL's contract: device buffers of the communicator's GPU, valid until the
         // operation completes on `stream`, a live stream.
-        unsafe { dc.enqueue_with(vec![(desc, opts, dev_mem(&layout))], oxccl_cuda::UserStream(stream))? };
+        unsafe { dc.enqueue_with(vec![(desc, opts, dev_mem(&layout))], device::UserStream(stream))? };
         return Ok(ncclSuccess);
     }
     e.drain_device();
@@ -171,7 +171,7 @@ pub(crate) fn host_after_stream(stream: cudaStream_t, name: &str) -> Result<(), 
         )));
     }
     // SAFETY: NCCL's contract: a live stream of the caller's.
-    unsafe { oxccl_cuda::driver::sync_user_stream(stream.cast()) }
+    unsafe { device::sync_user_stream(stream.cast()) }
 }
 
 pub(crate) fn group_end() -> R {
@@ -191,7 +191,7 @@ pub(crate) fn group_end() -> R {
         p.entry.wait_requests();
     }
     // device operations: one job per communicator and stream, enqueued together
-    type DeviceJob = (Arc<Entry>, i32, usize, Vec<(OpDesc, CallOptions, oxccl_cuda::DevMem)>);
+    type DeviceJob = (Arc<Entry>, i32, usize, Vec<(OpDesc, CallOptions, device::DevMem)>);
     let mut jobs: Vec<DeviceJob> = Vec::new();
     for p in ops.iter().filter(|p| p.device.is_some()) {
         let (ordinal, stream) = p.device.unwrap();
@@ -203,7 +203,7 @@ pub(crate) fn group_end() -> R {
     for (entry, ordinal, stream, list) in jobs {
         let dc = entry.device_comm(ordinal)?;
         // SAFETY: NCCL's contract for device buffers and streams (see `enqueue`).
-        unsafe { dc.enqueue_with(list, oxccl_cuda::UserStream(stream))? };
+        unsafe { dc.enqueue_with(list, device::UserStream(stream))? };
     }
     let mut group = oxccl::Group::new();
     for p in ops.iter().filter(|p| p.device.is_none()) {

@@ -20,7 +20,7 @@ pub(crate) enum Scalar {
 pub(crate) struct Entry {
     pub(crate) comm: OnceLock<Arc<Communicator>>,
     /// The device executor, created by the first call with device buffers.
-    pub(crate) dev: Mutex<Option<Arc<oxccl_cuda::DeviceComm>>>,
+    pub(crate) dev: Mutex<Option<Arc<device::DeviceComm>>>,
     pub(crate) init_error: Mutex<Option<Error>>,
     pub(crate) blocking: bool,
     pub(crate) device: c_int,
@@ -92,7 +92,7 @@ impl Entry {
     }
 
     /// The device executor for buffers on GPU `ordinal` (created on first use).
-    pub(crate) fn device_comm(&self, ordinal: i32) -> Result<Arc<oxccl_cuda::DeviceComm>, Error> {
+    pub(crate) fn device_comm(&self, ordinal: i32) -> Result<Arc<device::DeviceComm>, Error> {
         let mut dev = self.dev.lock().unwrap();
         if let Some(d) = &*dev {
             return Ok(d.clone());
@@ -101,7 +101,7 @@ impl Entry {
             .comm
             .get()
             .ok_or_else(|| Error::new(ErrorKind::InProgress, "the communicator is still initializing"))?;
-        let d = Arc::new(oxccl_cuda::DeviceComm::new(Arc::new(comm.clone()), ordinal)?);
+        let d = Arc::new(device::DeviceComm::new(Arc::new(comm.clone()), ordinal)?);
         *dev = Some(d.clone());
         Ok(d)
     }

@@ -65,6 +65,7 @@ mod access;
 mod collconfig;
 mod config;
 mod devapi;
+mod device;
 mod encryption;
 mod errors;
 mod exports;
