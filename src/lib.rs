@@ -75,7 +75,7 @@ macro_rules! internal {
         mod $m;
     )* };
 }
-internal!(exact, exec, reduce, schedule, select, sim, store, tuner);
+internal!(exact, exec, flight, reduce, schedule, select, sim, store, tuner);
 pub mod types;
 
 pub use oxccl_transport::fork::generation as fork_generation;

@@ -45,24 +45,13 @@ impl Shared {
         }
     }
 
-    /// Write the flight record (`<dir>/oxccl-<comm>-rank<r>.json`): the last operations with
-    /// sequence number, call, state, peers and times, and the error.
+    /// Write the flight record (`<dir>/oxccl-<comm>-rank<r>.json`, [`crate::flight`]): the last
+    /// operations with sequence number, call, state, peers and times, and the error.
     pub(crate) fn dump(&self, dir: &std::path::Path, e: &Error) {
-        fn q(s: &str) -> String {
-            let mut o = String::from("\"");
-            for ch in s.chars() {
-                match ch {
-                    '"' => o.push_str("\\\""),
-                    '\\' => o.push_str("\\\\"),
-                    c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-                    c => o.push(c),
-                }
-            }
-            o.push('"');
-            o
-        }
-        let us = |t: Instant| t.saturating_duration_since(self.born).as_micros();
-        let ops: Vec<String> = self
+        use crate::flight::{FlightOp, FlightRecord, OpState};
+        let us = |t: Instant| t.saturating_duration_since(self.born).as_micros() as u64;
+        let peers = |p: &[usize]| p.iter().map(|&x| x as u64).collect::<Vec<u64>>();
+        let ops = self
             .recorder
             .lock()
             .unwrap()
@@ -70,33 +59,34 @@ impl Shared {
             .map(|r| {
                 let (rx, tx) = r.sched.peers();
                 let state = match (r.end, r.failed) {
-                    (None, _) => "running",
-                    (Some(_), true) => "failed",
-                    (Some(_), false) => "done",
+                    (None, _) => OpState::Running,
+                    (Some(_), true) => OpState::Failed,
+                    (Some(_), false) => OpState::Done,
                 };
-                format!(
-                    "{{\"seq\": {}, \"op\": {}, \"tag\": {}, \"state\": \"{state}\", \"recv_from\": {rx:?}, \"send_to\": {tx:?}, \"start_us\": {}, \"end_us\": {}}}",
-                    r.seq,
-                    q(&r.fp.to_string()),
-                    r.tag,
-                    us(r.start),
-                    r.end.map_or("null".to_string(), |t| us(t).to_string())
-                )
+                FlightOp {
+                    seq: r.seq,
+                    op: r.fp.to_string(),
+                    tag: r.tag,
+                    state,
+                    recv_from: peers(rx),
+                    send_to: peers(tx),
+                    start_us: us(r.start),
+                    end_us: r.end.map(us),
+                }
             })
             .collect();
-        let body = format!(
-            "{{\"comm\": \"{:016x}\", \"rank\": {}, \"nranks\": {}, \"host\": {}, \"pid\": {}, \"created_unix_ms\": {}, \"error\": {}, \"ops\": [\n  {}\n]}}\n",
-            self.comm_id,
-            self.rank,
-            self.nranks,
-            q(&self.peers[self.rank].hostname),
-            self.peers[self.rank].pid,
-            self.born_unix_ms,
-            q(&e.to_string()),
-            ops.join(",\n  ")
-        );
+        let record = FlightRecord {
+            comm: format!("{:016x}", self.comm_id),
+            rank: self.rank as u64,
+            nranks: self.nranks as u64,
+            host: self.peers[self.rank].hostname.clone(),
+            pid: self.peers[self.rank].pid as u64,
+            created_unix_ms: self.born_unix_ms as u64,
+            error: e.to_string(),
+            ops,
+        };
         let path = dir.join(format!("oxccl-{:016x}-rank{}.json", self.comm_id, self.rank));
-        if let Err(err) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, body)) {
+        if let Err(err) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, record.to_json())) {
             tracing::warn!("oxccl: could not write the flight record {}: {err}", path.display());
         }
     }
