@@ -69,6 +69,19 @@ pub struct Config {
     /// Whether device collectives may use CUDA IPC one-shot kernels between GPUs of one host
     /// (`OXCCL_CUDA_IPC=0` turns them off: device buffers are staged through host memory).
     pub cuda_ipc: bool,
+    /// Where compiled device kernels are cached: `$XDG_CACHE_HOME/oxccl/kernels` (else
+    /// `~/.cache/oxccl/kernels`); `OXCCL_KERNEL_CACHE=0`: nowhere (`None`).
+    pub kernel_cache: Option<std::path::PathBuf>,
+    /// Where NVRTC may be besides the loader's search path: `OXCCL_NVRTC` (a file), then the
+    /// PyPI wheel's libraries under `OXCCL_NVRTC_DIR`.
+    pub nvrtc_paths: Vec<String>,
+    /// The log level: `NCCL_DEBUG` (`WARN`, `INFO`, `TRACE`; `OXCCL_DEBUG` too), read once when
+    /// the logger starts ([`crate::log`]).
+    pub debug: Option<String>,
+    /// `NCCL_DEBUG_SUBSYS`: which subsystems log.
+    pub debug_subsys: Option<String>,
+    /// `NCCL_DEBUG_FILE`: where the log goes (`%h` host, `%p` pid), instead of stderr.
+    pub debug_file: Option<String>,
     /// `NCCL_COMM_BLOCKING`: the C ABI's default for `ncclConfig_t.blocking` (`None`: blocking).
     pub comm_blocking: Option<bool>,
     /// The network between hosts: `OXCCL_NET`/`NCCL_NET` (`socket`, `ofi`, `ib`); `None`:
@@ -155,7 +168,12 @@ impl Default for Config {
             wait_report: Some(Duration::from_secs(30)),
             beacon: true,
             cuda_ipc: true,
+            kernel_cache: None,
+            nvrtc_paths: Vec::new(),
             comm_blocking: None,
+            debug: None,
+            debug_subsys: None,
+            debug_file: None,
             net: None,
             ofi_provider: String::new(),
             #[cfg(feature = "rdma")]
@@ -167,7 +185,10 @@ impl Default for Config {
 
 impl Config {
     /// The settings from the environment (the table in the README), over [`Config::default`]:
-    /// the one place oxccl reads its settings.
+    /// the one place oxccl reads its settings, every crate's (the RDMA network's, the CUDA
+    /// kernels', the logger's, the C ABI's). What identifies the job rather than configuring it
+    /// (the launcher's `RANK`, `MASTER_ADDR`, `SLURM_*`, `OMPI_*`, `NCCL_COMM_ID`, ...) is read
+    /// where the job is discovered (`launcher.rs`, `bootstrap.rs`), with the same [`env_any`].
     pub fn from_env() -> Config {
         let d = Config::default();
         let t = d.tuner;
@@ -205,7 +226,23 @@ impl Config {
             },
             beacon: env_any(&["OXCCL_BEACON"]).is_none_or(|v| v.trim() != "0"),
             cuda_ipc: env_any(&["OXCCL_CUDA_IPC"]).is_none_or(|v| v.trim() != "0"),
+            kernel_cache: match env_any(&["OXCCL_KERNEL_CACHE"]) {
+                Some(v) if v.trim() == "0" => None,
+                _ => env_any(&["XDG_CACHE_HOME"])
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| env_any(&["HOME"]).map(|h| std::path::PathBuf::from(h).join(".cache")))
+                    .map(|b| b.join("oxccl").join("kernels")),
+            },
+            nvrtc_paths: {
+                let dir = env_any(&["OXCCL_NVRTC_DIR"]);
+                let wheel = ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"];
+                let in_dir = dir.iter().flat_map(|d| wheel.iter().map(move |n| format!("{d}/{n}")));
+                env_any(&["OXCCL_NVRTC"]).into_iter().chain(in_dir).collect()
+            },
             comm_blocking: env_num(&["NCCL_COMM_BLOCKING"]).map(|v| v != 0.0),
+            debug: env_any(&["OXCCL_DEBUG", "NCCL_DEBUG"]),
+            debug_subsys: env_any(&["OXCCL_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS"]),
+            debug_file: env_any(&["OXCCL_DEBUG_FILE", "NCCL_DEBUG_FILE"]),
             net: env_any(&["OXCCL_NET", "NCCL_NET"]),
             ofi_provider: env_any(&["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]).unwrap_or_default(),
             #[cfg(feature = "rdma")]

@@ -208,17 +208,17 @@ pub fn notice(rank: Option<usize>, msg: &str) {
 pub fn init() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        use crate::config::env_any;
-        let Some(level) = env_any(&["OXCCL_DEBUG", "NCCL_DEBUG"]) else { return };
+        let cfg = crate::Config::from_env();
+        let Some(level) = cfg.debug else { return };
         let max = match level.trim().to_ascii_uppercase().as_str() {
             "WARN" | "ABORT" => Level::WARN,
             "INFO" | "VERSION" => Level::INFO,
             "TRACE" | "DEBUG" => Level::TRACE,
             _ => return,
         };
-        let subsys = parse_subsys(env_any(&["OXCCL_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS"]).as_deref());
+        let subsys = parse_subsys(cfg.debug_subsys.as_deref());
         let host = crate::bootstrap::hostname();
-        let sink = match env_any(&["OXCCL_DEBUG_FILE", "NCCL_DEBUG_FILE"]) {
+        let sink = match cfg.debug_file {
             Some(p) => {
                 let path = expand_file_name(&p, &host, std::process::id());
                 match std::fs::OpenOptions::new().create(true).append(true).open(&path) {

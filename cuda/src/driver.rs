@@ -340,14 +340,9 @@ pub struct Module {
     pub origin: String,
 }
 
+/// The kernel cache ([`oxccl::Config::kernel_cache`]).
 fn cache_dir() -> Option<std::path::PathBuf> {
-    if std::env::var_os("OXCCL_KERNEL_CACHE").is_some_and(|v| v == "0") {
-        return None;
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
-    Some(base.join("oxccl").join("kernels"))
+    oxccl::Config::from_env().kernel_cache
 }
 
 /// The kernels for device `ord` (current context): compiled with NVRTC for its exact

@@ -5,27 +5,13 @@ use oxccl::{Error, ErrorKind, Result};
 use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
-/// Where NVRTC may live besides the loader's search path: `OXCCL_NVRTC` (a file), then the
-/// PyPI wheel layout `nvidia/cuda_nvrtc/lib` under `OXCCL_NVRTC_DIR`.
-fn extra_candidates() -> Vec<String> {
-    let mut v = Vec::new();
-    if let Ok(p) = std::env::var("OXCCL_NVRTC") {
-        v.push(p);
-    }
-    if let Ok(d) = std::env::var("OXCCL_NVRTC_DIR") {
-        for name in ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"] {
-            v.push(format!("{d}/{name}"));
-        }
-    }
-    v
-}
-
 /// Whether NVRTC can be loaded (probed once; never panics). A library found by an explicit
 /// path is loaded with `RTLD_GLOBAL`, so the by-name lookup of the bindings finds it by SONAME.
 pub fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        for p in extra_candidates() {
+        // besides the loader's search path ([`oxccl::Config::nvrtc_paths`])
+        for p in oxccl::Config::from_env().nvrtc_paths {
             let Ok(c) = CString::new(p) else { continue };
             // SAFETY: dlopen with a NUL-terminated path; the handle is kept for the process's life.
             let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
