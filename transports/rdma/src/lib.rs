@@ -30,7 +30,8 @@
 //!   completion at the sender can mean only that the bytes left this process (a software
 //!   provider's socket), and closing a socket with unread data resets it, dropping what its
 //!   send queue still held. A rank that finished and exited must not take its last messages
-//!   with it. Closing after a failure or an abort does not wait.
+//!   with it. Closing after a failure or an abort does not wait. A sender that closes normally
+//!   sends CLOSED with its message count: the receiver reports `PeerClosed` once it read them.
 //! - Completions: one completion queue per endpoint with a file descriptor; the executor sleeps
 //!   in `poll(2)` on it after `fi_trywait` says nothing is pending, so an idle rank does not
 //!   spin. Error completions become `Remote`/`System` errors naming the peer rank, the provider,
