@@ -10,12 +10,16 @@ use oxccl_cuda::driver::{self, DeviceBuffer, Stream};
 use oxccl_cuda::{DevMem, DeviceComm, HostComm, UserStream};
 use std::sync::Arc;
 
-fn sim() -> bool {
-    let s = driver::simulated();
-    if !s {
+/// Under the simulated driver: the lock that runs this file's tests one at a time (a test that
+/// frees memory and checks that using it fails needs nobody else to allocate the same addresses
+/// meanwhile); `None` elsewhere (skipped).
+fn sim() -> Option<std::sync::MutexGuard<'static, ()>> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if !driver::simulated() {
         eprintln!("not under the simulated CUDA driver: skipped");
+        return None;
     }
-    s
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// The test binary re-run as a child with `OXCCL_SIM_CHILD=<what>`.
@@ -37,9 +41,7 @@ fn a_host_dereference_of_a_device_pointer_crashes() {
         println!("READ {v}");
         return;
     }
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     let out = child("a_host_dereference_of_a_device_pointer_crashes");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stdout));
@@ -48,9 +50,7 @@ fn a_host_dereference_of_a_device_pointer_crashes() {
 
 #[test]
 fn misuse_is_an_error_naming_the_address() {
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     driver::set_device(0).unwrap();
     let mut p = 0u64;
     // SAFETY: plain driver calls on memory of this test.
@@ -84,9 +84,7 @@ fn device_comm(c: Communicator) -> (Arc<DeviceComm>, Stream) {
 
 #[test]
 fn stream_order_is_kept_before_and_after_a_collective() {
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     // 2 ranks on one GPU: each memsets its input on its stream, enqueues the all-reduce and then
     // copies the result out, all without waiting in between: only stream order makes it right
     let comms = Communicator::init_all(2).unwrap();
@@ -116,9 +114,7 @@ fn stream_order_is_kept_before_and_after_a_collective() {
 
 #[test]
 fn two_communicators_on_two_streams() {
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     let (a, b) = (Communicator::init_all(2).unwrap(), Communicator::init_all(2).unwrap());
     std::thread::scope(|s| {
         for (ca, cb) in a.into_iter().zip(b) {
@@ -156,9 +152,7 @@ fn two_communicators_on_two_streams() {
 
 #[test]
 fn a_stream_being_captured_is_refused_clearly() {
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     let c = Communicator::init_all(1).unwrap().pop().unwrap();
     let (dc, st) = device_comm(c);
     let b = DeviceBuffer::zeroed(64).unwrap();
@@ -186,9 +180,7 @@ fn a_stream_being_captured_is_refused_clearly() {
 /// has not enqueued yet waits for that peer.)
 #[test]
 fn freeing_a_buffer_with_a_collective_pending_waits_for_it() {
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     let comms = Communicator::init_all(2).unwrap();
     std::thread::scope(|s| {
         for c in comms {
@@ -243,9 +235,7 @@ fn an_ipc_handle_opened_twice_in_one_process_is_an_error() {
         println!("CHILD OK");
         return;
     }
-    if !sim() {
-        return;
-    }
+    let Some(_serial) = sim() else { return };
     driver::set_device(0).unwrap();
     let b = DeviceBuffer::from_host(&[9, 8, 7, 6]).unwrap();
     let (h, _) = driver::ipc_handle(b.ptr()).unwrap();
