@@ -165,9 +165,8 @@ impl Engine {
         if let Some(o) = self.order.as_mut() {
             o.retire(id);
         }
-        if s.flushing {
-            self.flushing.retain(|&f| f != id);
-        }
+        // (its id leaves `flushing` at the next `complete`: removing it here would cost the
+        // length of that list per finished op)
         for &q in runs.run(id).sched.peers().1 {
             if let Ok(i) = self.sends.binary_search_by_key(&(s.comm, q), |l| (l.comm, l.peer)) {
                 self.sends[i].users -= 1;
@@ -321,24 +320,32 @@ impl Engine {
         }
         let all_clear = self.sends.iter().all(|l| !l.pending);
         let none_clear = self.sends.iter().all(|l| l.pending) && !self.sends.is_empty();
-        let mut k = 0;
-        while k < self.flushing.len() {
-            let id = self.flushing[k];
+        let mut list = std::mem::take(&mut self.flushing);
+        list.retain(|&id| {
+            if !self.is_live(id) {
+                return false; // finished otherwise (failed) since it began flushing
+            }
             let ci = self.slot(id).comm;
             if let Some(e) = comms[ci].failure() {
                 self.finish(id, Err(e), runs, out);
-                continue;
+                return false;
             }
             let sent = |q: &usize| match self.sends.binary_search_by_key(&(ci, *q), |l| (l.comm, l.peer)) {
                 Ok(i) => !self.sends[i].pending,
                 Err(_) => true,
             };
-            if all_clear || (!none_clear && runs.run(id).sched.peers().1.iter().all(sent)) {
+            let clear = all_clear || (!none_clear && runs.run(id).sched.peers().1.iter().all(sent));
+            if clear {
                 self.finish(id, Ok(()), runs, out);
-            } else {
-                k += 1;
             }
-        }
+            !clear
+        });
+        self.flushing = list;
+    }
+
+    /// Whether operation `id` is still queued.
+    fn is_live(&self, id: u64) -> bool {
+        id >= self.base && self.slots.get((id - self.base) as usize).is_some_and(Option::is_some)
     }
 
     /// The operations moving or flushing: those a wait is for.
@@ -347,7 +354,7 @@ impl Engine {
             Some(o) => o.ready().collect(),
             None => self.lone().into_iter().collect(),
         };
-        ids.extend_from_slice(&self.flushing);
+        ids.extend(self.flushing.iter().copied().filter(|&id| self.is_live(id)));
         ids
     }
 
