@@ -8,6 +8,8 @@ use oxccl::Error;
 /// The settings a caller's `ncclConfig_t` asks for.
 pub(crate) struct Parsed {
     pub(crate) blocking: Option<bool>,
+    /// This communicator's bound on every wait, instead of `OXCCL_TIMEOUT`'s.
+    pub(crate) timeout: Option<std::time::Duration>,
 }
 
 /// Parse a caller's `ncclConfig_t` of any historic layout (24..=120 bytes): only the fields its
@@ -18,7 +20,7 @@ pub(crate) struct Parsed {
 pub(crate) unsafe fn parse_config(cfg: *const ncclConfig_t) -> Result<Parsed, Error> {
     let env_blocking = oxccl::Config::from_env().comm_blocking;
     if cfg.is_null() {
-        return Ok(Parsed { blocking: env_blocking });
+        return Ok(Parsed { blocking: env_blocking, timeout: None });
     }
     // SAFETY: non-null; the first field is the caller's size_t `size`.
     let size = unsafe { std::ptr::read_unaligned(cfg as *const size_t) };
@@ -47,5 +49,5 @@ pub(crate) unsafe fn parse_config(cfg: *const ncclConfig_t) -> Result<Parsed, Er
         1 => Some(true),
         b => return Err(arg(format!("ncclConfig_t.blocking is {b}; it must be 0 or 1"))),
     };
-    Ok(Parsed { blocking: env_blocking.or(blocking) })
+    Ok(Parsed { blocking: env_blocking.or(blocking), timeout: None })
 }

@@ -37,9 +37,13 @@ pub(crate) fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, 
     let uid = UniqueId(bytes);
     uid.validate().map_err(|e| arg(format!("the unique id is not one from ncclGetUniqueId: {e}")))?;
     let blocking = cfg.blocking.unwrap_or(true);
+    let mut conf = Config::from_env();
+    if let Some(t) = cfg.timeout {
+        conf.timeout = t;
+    }
     let e = Entry::new(blocking, 0);
     if blocking {
-        let c = Communicator::init_with_config(&uid, n, r, Config::from_env())?;
+        let c = Communicator::init_with_config(&uid, n, r, conf)?;
         let _ = e.comm.set(Arc::new(c));
         // SAFETY: checked non-null above; the caller's out-pointer.
         unsafe { put(comm, register(e), "comm")? };
@@ -50,7 +54,7 @@ pub(crate) fn init_rank(comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, 
     unsafe { put(comm, h, "comm")? };
     std::thread::Builder::new()
         .name("oxccl-init".into())
-        .spawn(move || match Communicator::init_with_config(&uid, n, r, Config::from_env()) {
+        .spawn(move || match Communicator::init_with_config(&uid, n, r, conf) {
             Ok(c) => {
                 let _ = e.comm.set(Arc::new(c));
             }
@@ -85,7 +89,7 @@ export! {
 
     /// `ncclCommInitRank`
     fn ncclCommInitRank / pncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
-        boundary("ncclCommInitRank", || init_rank(comm, nranks, commId, rank, Parsed { blocking: Some(true) }))
+        boundary("ncclCommInitRank", || init_rank(comm, nranks, commId, rank, Parsed { blocking: Some(true), timeout: None }))
     }
 
     /// `ncclCommInitRankConfig`: `config` may be NULL or any historic `ncclConfig_t` layout.

@@ -73,6 +73,7 @@ mod group;
 mod handles;
 mod last_error;
 mod memory;
+mod oxccl_ext;
 mod probe;
 #[cfg(test)]
 mod tests;
@@ -85,4 +86,5 @@ use group::*;
 use handles::*;
 use last_error::set_last_error;
 use memory::*;
+pub use oxccl_ext::*;
 pub use types::*;

@@ -83,6 +83,7 @@ def lib():
             "ncclGetVersion": [ctypes.POINTER(ci)],
             "ncclGetUniqueId": [ctypes.c_char_p],
             "ncclCommInitRank": [ctypes.POINTER(vp), ci, _UniqueId, ci],
+            "oxcclCommInitRankTimeout": [ctypes.POINTER(vp), ci, _UniqueId, ci, ctypes.c_double],
             "ncclCommDestroy": [vp],
             "ncclCommAbort": [vp],
             "ncclCommFinalize": [vp],
@@ -173,13 +174,20 @@ class Comm:
         self.stream = None
 
     @classmethod
-    def init_rank(cls, nranks, unique_id, rank):
-        """ncclCommInitRank: every rank of the communicator calls it with the same id."""
+    def init_rank(cls, nranks, unique_id, rank, timeout=None):
+        """ncclCommInitRank: every rank of the communicator calls it with the same id.
+
+        ``timeout`` (seconds): this communicator's bound on every wait, instead of
+        ``OXCCL_TIMEOUT``'s (oxccl's ``oxcclCommInitRankTimeout``)."""
         if len(unique_id) != UNIQUE_ID_BYTES:
             raise ValueError(f"a unique id has {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
         h = ctypes.c_void_p()
         uid = _UniqueId.from_buffer_copy(bytes(unique_id))
-        _check(lib().ncclCommInitRank(ctypes.byref(h), nranks, uid, rank), "ncclCommInitRank")
+        if timeout is None:
+            _check(lib().ncclCommInitRank(ctypes.byref(h), nranks, uid, rank), "ncclCommInitRank")
+        else:
+            code = lib().oxcclCommInitRankTimeout(ctypes.byref(h), nranks, uid, rank, float(timeout))
+            _check(code, "oxcclCommInitRankTimeout")
         return cls(h.value)
 
     def _h(self):
