@@ -1,149 +1,91 @@
-"""The ``"oxccl"`` backend of ``torch.distributed`` (CPU and CUDA tensors), in pure Python.
+"""The ``"oxccl"`` backend of ``torch.distributed`` (CPU and CUDA tensors).
 
 ``import oxccl.torch`` registers it; then ``dist.init_process_group("oxccl", ...)`` (or a
 ``"cpu:oxccl"`` device map) uses it. Like NCCL's process group, it bootstraps its communicator
 through the group's store: rank 0 publishes a unique id there, the others read it.
 
-Every operation runs on the backend's own worker thread, in submission order, and returns at
-once with a Work whose ``wait()`` and ``get_future()`` complete when the data has moved; the C
-calls release the GIL, so DDP's backward pass overlaps with communication. The group's timeout
-bounds every wait (it becomes the communicator's ``OXCCL_TIMEOUT``), and an expired or failed
-operation raises from ``wait()`` with oxccl's message naming the rank and the operation.
+Two parts:
 
-CUDA tensors go through the same C ABI with the tensor's current stream: the call enqueues and
-returns (NCCL's semantics), later work on that stream is ordered after the collective.
+- a small C++ ``c10d::Backend`` and ``c10d::Work`` (``_torch_ext.cpp``, built against the
+  installed torch by ``pip install`` or at first import: see ``oxccl._ext``). torch calls their
+  virtual methods directly, so ``work.is_completed()``, ``is_success()``, ``exception()``,
+  ``wait(timeout)``, ``get_future()``, ``result()`` and ``_source_rank()`` are right, and so are
+  sequence numbers (``TORCH_DISTRIBUTED_DEBUG=DETAIL``);
+- the operations, here and in ``_torch_ops.py``, over oxccl's C ABI.
 
-No per-version compilation: the backend subclasses torch's Python ``Backend`` trampoline (the
-mechanism torch's own pure-Python ``nccl4py`` backend uses).
+Every operation on CPU tensors runs on the backend's own worker thread, in submission order, and
+returns at once; the C calls release the GIL, so DDP's backward pass overlaps with
+communication. CUDA tensors are enqueued on the tensor's current stream in the calling thread
+(NCCL's semantics).
+
+The group's timeout is this communicator's own bound on every wait (no process-wide setting):
+an operation that cannot finish fails within it with oxccl's report naming the rank, the peer
+and the operation, after torch's usual wording ("Timed out ..."). This is the watchdog that
+torch does not give Python backends: no wait is unbounded.
+
+Errors in one call's own arguments (shapes, dtypes, ops) are raised in the calling thread
+before anything is sent, and leave the group usable, as gloo does.
 """
 
-import ctypes
-import os
 import queue
 import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _C10DBackend, ReduceOp
 
 import oxccl as _ox
+from oxccl import _ext
+from oxccl._torch_moves import Moves
+from oxccl._torch_ops import Ops, cuda_tensor, flat_tensors
 
-__all__ = ["OxcclBackend", "register"]
+__all__ = ["register", "backend_impl"]
 
-_DTYPES = {
-    torch.int8: 0,
-    torch.uint8: 1,
-    torch.bool: 1,
-    torch.int32: 2,
-    torch.int64: 4,
-    torch.float16: 6,
-    torch.float32: 7,
-    torch.float64: 8,
-    torch.bfloat16: 9,
-}
-for _name, _code in (("uint32", 3), ("uint64", 5), ("float8_e4m3fn", 10), ("float8_e5m2", 11)):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _code
+_EXT = _ext.load()
 
-_OPS = {
-    ReduceOp.SUM: 0,
-    ReduceOp.PRODUCT: 1,
-    ReduceOp.MAX: 2,
-    ReduceOp.MIN: 3,
-    ReduceOp.AVG: 4,
-}
+# ncclResult_t codes that get torch's wording first
+_TIMEOUT, _REMOTE = 8, 6
 
 
-class _Work(dist._Work):
-    """An operation in flight on the backend's worker thread."""
-
-    def __init__(self, result, timeout):
-        super().__init__()
-        self._done = threading.Event()
-        self._error = None
-        self._result = result
-        self._timeout = timeout
-        self._fut = torch.futures.Future()
-
-    def _finish(self, error):
-        self._error = error
-        self._done.set()
-        if error is None:
-            self._fut.set_result(self._result)
-        else:
-            self._fut.set_exception(error)
-
-    def is_completed(self):
-        return self._done.is_set()
-
-    def is_success(self):
-        return self._done.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def wait(self, timeout=None):
-        t = timeout if timeout not in (None, timedelta(0)) else self._timeout
-        secs = t.total_seconds() if isinstance(t, timedelta) else t
-        # the communicator's own deadline (the same timeout) fails the operation with a hang
-        # report naming the missing ranks; this bound is the backstop
-        if not self._done.wait(secs + 2.0):
-            raise RuntimeError(f"oxccl: operation did not complete within {secs:.0f} s (the group's timeout)")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def get_future(self):
-        return self._fut
+def _message(e, rank, what, ms):
+    """torch's words for an operation's failure (gloo's, which users and torch's tests look
+    for), then oxccl's detail."""
+    code = getattr(e, "code", None)
+    if code == _TIMEOUT:
+        return f"[rank {rank}] Timed out waiting {ms}ms for {what} to complete: {e}"
+    if code == _REMOTE:
+        return f"[rank {rank}] Connection closed by peer during {what}: {e}"
+    return str(e)
 
 
-def _check(t):
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"oxccl backend: expected a CPU or CUDA tensor, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError("oxccl backend: expected a contiguous tensor")
-    if t.dtype not in _DTYPES:
-        raise ValueError(f"oxccl backend: unsupported dtype {t.dtype}")
-
-
-def _cuda_tensor(result):
-    """The first CUDA tensor of a result (a tensor or nested lists of them), or None."""
-    if isinstance(result, torch.Tensor):
-        return result if result.is_cuda else None
-    if isinstance(result, (list, tuple)):
-        for r in result:
-            t = _cuda_tensor(r)
-            if t is not None:
-                return t
-    return None
-
-
-def _dt(t):
-    return _DTYPES[t.dtype]
-
-
-class OxcclBackend(_C10DBackend):
-    """torch.distributed backend over oxccl's C ABI, for CPU and CUDA tensors."""
+class Impl(Ops, Moves):
+    """What the C++ Backend calls: one communicator, one worker thread."""
 
     _UID_KEY = "oxccl_uid"
 
     def __init__(self, store, rank, size, timeout):
-        super().__init__(rank, size)
+        self._rank, self._size = rank, size
         self._timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
-        # the communicator's bound on every wait is the group's timeout
-        os.environ["OXCCL_TIMEOUT"] = str(max(1.0, self._timeout.total_seconds()))
         if rank == 0:
-            uid = _ox.get_unique_id()
-            store.set(self._UID_KEY, uid)
+            store.set(self._UID_KEY, _ox.get_unique_id())
         else:
             store.wait([self._UID_KEY], self._timeout)
-            uid = bytes(store.get(self._UID_KEY))
-        self._comm = _ox.Comm.init_rank(size, uid, rank)
-        self._coalesced = None  # list of recorded operations while coalescing
+        uid = bytes(store.get(self._UID_KEY))
+        # the group's timeout bounds every wait of this communicator (not the process's)
+        self._store = store  # monitored_barrier's channel
+        self._monitored = 0
+        self._comm = _ox.Comm.init_rank(size, uid, rank, timeout=max(1.0, self._timeout.total_seconds()))
+        self._coalesced = None  # (fn, work) recorded between start_ and end_coalescing
         self._queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name=f"oxccl-rank{rank}", daemon=True)
         self._worker.start()
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
 
     # ---- the worker ---------------------------------------------------------------------
 
@@ -152,288 +94,118 @@ class OxcclBackend(_C10DBackend):
             job = self._queue.get()
             if job is None:
                 return
-            fn, work = job
-            try:
-                fn()
-                work._finish(None)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                work._finish(e if isinstance(e, Exception) else RuntimeError(str(e)))
-            finally:
-                self._queue.task_done()
+            self._execute(*job)
+            self._queue.task_done()
 
-    def _submit(self, fn, result):
+    def _execute(self, fn, works, what, ms):
+        try:
+            source = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiters
+            msg = _message(e, self._rank, what, ms)
+            for w in works:
+                _EXT.complete(w, msg)
+            return
+        for w in works:
+            _EXT.complete(w, None, -1 if source is None else source)
+
+    def _ms(self, timeout_ms=-1):
+        return timeout_ms if timeout_ms and timeout_ms > 0 else int(self._timeout.total_seconds() * 1000)
+
+    def _submit(self, what, fn, result, timeout_ms=-1, any_source=False):
+        """Run `fn` (which returns the matched source of an any-source receive, or None) in order
+        on the worker; returns its Work."""
         if self._comm is None:
-            raise RuntimeError("oxccl backend: the process group was shut down")
-        work = _Work(result, self._timeout)
-        cuda = _cuda_tensor(result)
-        if cuda is not None and self._coalesced is None:
-            # CUDA tensors: enqueued on the tensor's current stream through the C ABI, in the
-            # calling thread, as ProcessGroupNCCL does (the call returns at once; later work on
-            # the stream is ordered after the collective). Earlier CPU jobs go first so every
-            # rank issues its collectives in one order.
+            raise RuntimeError("oxccl backend: the process group was shut down or aborted")
+        ms = self._ms(timeout_ms)
+        work = _EXT.new_work(self._rank, flat_tensors(result), ms, any_source, what)
+        if self._coalesced is not None:
+            # recorded; runs in one ncclGroupStart/End at end_coalescing, which completes it
+            self._coalesced.append((fn, work))
+            return work
+        cuda = cuda_tensor(result)
+        if cuda is not None:
+            # enqueued on the tensor's current stream in this thread, as ProcessGroupNCCL does;
+            # earlier CPU jobs go first so that every rank issues its operations in one order
             self._queue.join()
             self._comm.stream = torch.cuda.current_stream(cuda.device).cuda_stream
             try:
-                fn()
-                work._finish(None)
-            except Exception as e:  # noqa: BLE001 - handed to the waiter
-                work._finish(e)
+                self._execute(fn, [work], what, ms)
             finally:
                 self._comm.stream = None
             return work
-        if self._coalesced is not None:
-            # recorded; runs in one ncclGroupStart/End at end_coalescing
-            self._coalesced.append(fn)
-            self._coalesced_tensors.append(result)
-            work._finish(None)
-            return work
-        self._queue.put((fn, work))
+        self._queue.put((fn, [work], what, ms))
         return work
 
-    @property
-    def supports_coalescing(self):
-        return True
+    # ---- coalescing (dist._coalescing_manager, batch_isend_irecv) ------------------------
 
     def start_coalescing(self):
+        if self._coalesced is not None:
+            raise RuntimeError("oxccl backend: start_coalescing called twice without end_coalescing")
         self._coalesced = []
-        self._coalesced_tensors = []
 
     def end_coalescing(self):
-        fns, self._coalesced = self._coalesced or [], None
-        tensors, self._coalesced_tensors = getattr(self, "_coalesced_tensors", []), []
+        if self._coalesced is None:
+            raise RuntimeError("oxccl backend: end_coalescing without start_coalescing")
+        jobs, self._coalesced = self._coalesced, None
+        fns = [fn for fn, _ in jobs]
 
         def run():
             with _ox.group():
                 for fn in fns:
                     fn()
 
-        return self._submit(run, tensors)
+        what, ms = f"a coalesced group of {len(fns)} operations", self._ms()
+        work = _EXT.new_work(self._rank, [], ms, False, what)
+        works = [w for _, w in jobs] + [work]
+        if any(cuda_tensor(w.result()) is not None for w in works):
+            self._queue.join()
+            self._execute(run, works, what, ms)
+        else:
+            self._queue.put((run, works, what, ms))
+        return work
 
-    def _op(self, reduce_op, t):
-        """(op code, cleanup) for a ReduceOp."""
-        if reduce_op.op == ReduceOp.PREMUL_SUM:
-            factor = reduce_op.factor
-            scalar = factor.to(t.dtype).reshape(1) if isinstance(factor, torch.Tensor) else torch.tensor([factor], dtype=t.dtype)
-            op = self._comm.create_pre_mul_sum(scalar.data_ptr(), _dt(t))
-            return op, lambda: self._comm.destroy_op(op)
-        try:
-            return _OPS[reduce_op.op], None
-        except KeyError:
-            raise ValueError(f"oxccl backend: unsupported reduce op {reduce_op}") from None
+    # ---- monitored barrier (gloo's semantics, through the group's store) -----------------
 
-    # ---- torch.distributed's Backend API ----------------------------------------------------
-
-    def getBackendName(self):
-        return "oxccl"
-
-    @property
-    def supports_splitting(self):
-        return False
-
-    def allreduce(self, tensors, opts):
-        for t in tensors:
-            _check(t)
-        op, cleanup = self._op(opts.reduceOp, tensors[0])
-
-        def run():
+    def monitored_barrier(self, timeout_ms, wait_all_ranks):
+        """Every rank checks in with rank 0, which names the ranks that did not arrive within
+        the timeout; then rank 0 releases the others. Through the store, so that a missing rank
+        leaves no half-done operation in the communicator."""
+        self._monitored += 1
+        key = f"oxccl_monitored/{self._monitored}"
+        ms = self._ms(timeout_ms) if timeout_ms != 0 else 0
+        if self._rank != 0:
+            self._store.set(f"{key}/arrived/{self._rank}", "1")
             try:
-                for t in tensors:
-                    self._comm.all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), _dt(t), op)
-            finally:
-                if cleanup:
-                    cleanup()
-
-        return self._submit(run, tensors)
-
-    def broadcast(self, tensors, opts):
-        for t in tensors:
-            _check(t)
-
-        def run():
-            for t in tensors:
-                self._comm.broadcast(t.data_ptr(), t.data_ptr(), t.numel(), _dt(t), opts.rootRank)
-
-        return self._submit(run, tensors)
-
-    def reduce(self, tensors, opts):
-        for t in tensors:
-            _check(t)
-        op, cleanup = self._op(opts.reduceOp, tensors[0])
-
-        def run():
+                self._store.wait([f"{key}/released"], timedelta(milliseconds=max(ms, 1)))
+            except Exception as e:  # noqa: BLE001 - reworded as gloo's
+                raise RuntimeError(
+                    f"Rank {self._rank} successfully reached monitoredBarrier, but received errors while waiting "
+                    f"for send/recv from rank 0. Please check rank 0 logs for faulty rank. ({e})"
+                ) from None
+            return
+        deadline = time.monotonic() + ms / 1000
+        missing = []
+        for r in range(1, self._size):
+            left = deadline - time.monotonic()
+            if left <= 0 and not missing:
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms")
             try:
-                for t in tensors:
-                    self._comm.reduce(t.data_ptr(), t.data_ptr(), t.numel(), _dt(t), op, opts.rootRank)
-            finally:
-                if cleanup:
-                    cleanup()
+                self._store.wait([f"{key}/arrived/{r}"], timedelta(seconds=max(left, 0.001)))
+            except Exception:  # noqa: BLE001 - the rank did not arrive
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            who = f"Rank {missing[0]}" if len(missing) == 1 else "Ranks " + ", ".join(map(str, missing))
+            raise RuntimeError(f"[Rank 0]: {who} failed to pass monitoredBarrier in {ms} ms")
+        self._store.set(f"{key}/released", "1")
 
-        return self._submit(run, tensors)
+    # ---- life cycle ---------------------------------------------------------------------
 
-    def allgather(self, output_tensors, input_tensors, opts):
-        for t in input_tensors:
-            _check(t)
-
-        def run():
-            for outs, inp in zip(output_tensors, input_tensors):
-                flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
-                self._comm.all_gather(inp.data_ptr(), flat.data_ptr(), inp.numel(), _dt(inp))
-                for i, out in enumerate(outs):
-                    out.copy_(flat.narrow(0, i * inp.numel(), inp.numel()).view_as(out))
-
-        return self._submit(run, output_tensors)
-
-    def _allgather_base(self, output, input, opts):
-        return self.all_gather_single(output, input, opts)
-
-    def all_gather_single(self, output, input, opts):
-        _check(output)
-        _check(input)
-        if output.numel() != input.numel() * self.size():
-            raise ValueError("oxccl backend: all_gather_into_tensor needs output.numel() == input.numel() * world_size")
-
-        def run():
-            self._comm.all_gather(input.data_ptr(), output.data_ptr(), input.numel(), _dt(input))
-
-        return self._submit(run, [output])
-
-    def reduce_scatter(self, output_tensors, input_tensors, opts):
-        for t in output_tensors:
-            _check(t)
-        op, cleanup = self._op(opts.reduceOp, output_tensors[0])
-
-        def run():
-            try:
-                for out, ins in zip(output_tensors, input_tensors):
-                    flat = torch.cat([t.contiguous().view(-1) for t in ins])
-                    self._comm.reduce_scatter(flat.data_ptr(), out.data_ptr(), out.numel(), _dt(out), op)
-            finally:
-                if cleanup:
-                    cleanup()
-
-        return self._submit(run, output_tensors)
-
-    def _reduce_scatter_base(self, output, input, opts):
-        return self.reduce_scatter_single(output, input, opts)
-
-    def reduce_scatter_single(self, output, input, opts):
-        _check(output)
-        _check(input)
-        if input.numel() != output.numel() * self.size():
-            raise ValueError("oxccl backend: reduce_scatter_tensor needs input.numel() == output.numel() * world_size")
-        op, cleanup = self._op(opts.reduceOp, output)
-
-        def run():
-            try:
-                self._comm.reduce_scatter(input.data_ptr(), output.data_ptr(), output.numel(), _dt(output), op)
-            finally:
-                if cleanup:
-                    cleanup()
-
-        return self._submit(run, [output])
-
-    def gather(self, output_tensors, input_tensors, opts):
-        for t in input_tensors:
-            _check(t)
-        root = opts.rootRank
-
-        def run():
-            for idx, inp in enumerate(input_tensors):
-                if self.rank() == root:
-                    flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
-                    self._comm.gather(inp.data_ptr(), flat.data_ptr(), inp.numel(), _dt(inp), root)
-                    for i, out in enumerate(output_tensors[idx]):
-                        out.copy_(flat.narrow(0, i * inp.numel(), inp.numel()).view_as(out))
-                else:
-                    self._comm.gather(inp.data_ptr(), None, inp.numel(), _dt(inp), root)
-
-        return self._submit(run, output_tensors)
-
-    def scatter(self, output_tensors, input_tensors, opts):
-        for t in output_tensors:
-            _check(t)
-        root = opts.rootRank
-
-        def run():
-            for idx, out in enumerate(output_tensors):
-                if self.rank() == root:
-                    flat = torch.cat([t.contiguous().view(-1) for t in input_tensors[idx]])
-                    self._comm.scatter(flat.data_ptr(), out.data_ptr(), out.numel(), _dt(out), root)
-                else:
-                    self._comm.scatter(None, out.data_ptr(), out.numel(), _dt(out), root)
-
-        return self._submit(run, output_tensors)
-
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
-
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        _check(output)
-        _check(input)
-        size = self.size()
-
-        def run():
-            if not output_split_sizes and not input_split_sizes:
-                self._comm.all_to_all(input.data_ptr(), output.data_ptr(), input.numel() // size, _dt(input))
-                return
-            in_row = input.numel() // input.size(0) if input.numel() else 1
-            out_row = output.numel() // output.size(0) if output.numel() else 1
-            ins = input_split_sizes or [input.size(0) // size] * size
-            outs = output_split_sizes or [output.size(0) // size] * size
-            es = input.element_size()
-            in_off = out_off = 0
-            with _ox.group():
-                for peer in range(size):
-                    sc, rc = ins[peer] * in_row, outs[peer] * out_row
-                    if sc:
-                        self._comm.send(input.data_ptr() + in_off * es, sc, _dt(input), peer)
-                    if rc:
-                        self._comm.recv(output.data_ptr() + out_off * es, rc, _dt(output), peer)
-                    in_off += sc
-                    out_off += rc
-
-        return self._submit(run, [output])
-
-    def alltoall(self, output_tensors, input_tensors, opts):
-        for t in list(output_tensors) + list(input_tensors):
-            _check(t)
-
-        def run():
-            with _ox.group():
-                for peer in range(self.size()):
-                    i, o = input_tensors[peer], output_tensors[peer]
-                    self._comm.send(i.data_ptr(), i.numel(), _dt(i), peer)
-                    self._comm.recv(o.data_ptr(), o.numel(), _dt(o), peer)
-
-        return self._submit(run, output_tensors)
-
-    def send(self, tensors, dst, tag=0):
-        for t in tensors:
-            _check(t)
-
-        def run():
-            for t in tensors:
-                self._comm.send(t.data_ptr(), t.numel(), _dt(t), dst)
-
-        return self._submit(run, tensors)
-
-    def recv(self, tensors, src, tag=0):
-        for t in tensors:
-            _check(t)
-
-        def run():
-            for t in tensors:
-                self._comm.recv(t.data_ptr(), t.numel(), _dt(t), src)
-
-        return self._submit(run, tensors)
-
-    def barrier(self, opts):
-        t = torch.zeros(1)
-
-        def run():
-            self._comm.all_reduce(t.data_ptr(), t.data_ptr(), 1, 7, 0)
-
-        return self._submit(run, [t])
+    def set_timeout(self, timeout_ms):
+        # torch's per-group timeout change applies to the Works made from now on (the
+        # communicator keeps the bound it was created with)
+        self._timeout = timedelta(milliseconds=timeout_ms)
 
     def shutdown(self):
         if self._comm is not None:
@@ -451,12 +223,18 @@ class OxcclBackend(_C10DBackend):
             self._queue.put(None)
 
 
+def backend_impl(group=None):
+    """The Python implementation behind an ``"oxccl"`` group's backend (for tests and tools)."""
+    pg = group or dist.group.WORLD
+    return _EXT.backend_impl(pg._get_backend(torch.device("cpu")))
+
+
 def _create(store, rank, size, timeout):
-    return OxcclBackend(store, rank, size, timeout)
+    return _EXT.new_backend(rank, size, Impl(store, rank, size, timeout))
 
 
 def register():
-    """Register the ``"oxccl"`` backend for CPU tensors (done on import)."""
+    """Register the ``"oxccl"`` backend for CPU and CUDA tensors (done on import)."""
     if "oxccl" not in dist.Backend.backend_list:
         dist.Backend.register_backend("oxccl", _create, devices=["cpu", "cuda"])
 

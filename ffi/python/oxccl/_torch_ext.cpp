@@ -1,0 +1,346 @@
+// The "oxccl" torch.distributed backend's C++ shell: a c10d::Backend and a c10d::Work.
+//
+// Why C++ at all: torch wraps every Work that a Python backend returns in a holder that forwards
+// only wait() and get_future(), so is_completed(), is_success(), exception() and source_rank()
+// of a Python Work are never seen. A c10d::Backend written in C++ returns its own Work, whose
+// virtual methods torch calls directly. The collectives themselves stay in Python (oxccl/torch.py,
+// over the C ABI): each method here takes the GIL, calls the Python object's method of the same
+// name, and returns the Work it made. Built against the user's torch, at install or first import.
+#include <torch/extension.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using c10d::Work;
+using std::vector;
+using Tensors = vector<at::Tensor>;
+using TensorLists = vector<vector<at::Tensor>>;
+
+namespace {
+
+std::exception_ptr dist_error(const std::string& msg) {
+  try {
+    C10_THROW_ERROR(DistBackendError, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// One operation: completed by the backend's Python worker through complete().
+class OxWork : public Work {
+ public:
+  OxWork(int rank, Tensors result, int64_t timeout_ms, bool any_source, std::string what)
+      : Work(rank, c10d::OpType::UNKNOWN),
+        result_(std::move(result)),
+        timeout_(timeout_ms),
+        any_source_(any_source),
+        what_(std::move(what)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()),
+            devices(result_))) {}
+
+  // error empty: success. source: the rank an any-source receive matched.
+  void complete(const std::optional<std::string>& error, int source) {
+    source_.store(source);
+    if (error) {
+      auto ep = dist_error(*error);
+      finish(ep);
+      future_->setError(ep);
+    } else {
+      finish();
+      future_->markCompleted(c10::IValue(result_));
+    }
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    // no timeout given: the group's (the communicator bounds every wait by it and fails the
+    // operation with its own report; this is the backstop)
+    auto limit = timeout.count() > 0 ? timeout : timeout_ + std::chrono::milliseconds(2000);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
+      C10_THROW_ERROR(
+          DistBackendError,
+          "oxccl: Timed out after " + std::to_string(limit.count()) + " ms waiting for " + what_ +
+              " to complete (the operation goes on; the communicator's own timeout fails it)");
+    }
+    if (exception_) {
+      std::rethrow_exception(exception_);
+    }
+    return true;
+  }
+
+  // torch's base answers true while the work is pending; "completed successfully" it is not
+  bool isSuccess() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return completed_ && !exception_;
+  }
+
+  int sourceRank() const override {
+    TORCH_CHECK(any_source_, "sourceRank() may only be called on a recv from any source");
+    TORCH_CHECK(source_.load() >= 0, "sourceRank(): the receive has not completed");
+    return source_.load();
+  }
+
+  Tensors result() override {
+    return result_;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+  std::chrono::milliseconds getTimeout() const override {
+    return timeout_;
+  }
+
+ private:
+  static vector<c10::Device> devices(const Tensors& ts) {
+    vector<c10::Device> out;
+    for (const auto& t : ts) {
+      if (t.defined() && !t.device().is_cpu() &&
+          std::find(out.begin(), out.end(), t.device()) == out.end()) {
+        out.push_back(t.device());
+      }
+    }
+    return out;
+  }
+
+  Tensors result_;
+  std::chrono::milliseconds timeout_;
+  bool any_source_;
+  std::string what_;
+  std::atomic<int> source_{-1};
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+int64_t ms(std::chrono::milliseconds t) {
+  return t.count();
+}
+
+// Calls the Python implementation's method `name` with the GIL held; returns its Work.
+#define OX_CALL(name, ...)                                       \
+  do {                                                           \
+    py::gil_scoped_acquire gil;                                  \
+    py::object w = impl_.attr(name)(__VA_ARGS__);                \
+    return w.cast<c10::intrusive_ptr<Work>>();                   \
+  } while (false)
+
+class OxBackend : public c10d::Backend {
+ public:
+  OxBackend(int rank, int size, py::object impl) : Backend(rank, size), impl_(std::move(impl)) {}
+
+  ~OxBackend() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      impl_ = py::object();
+    } else {
+      impl_.release();  // the interpreter is gone: nothing to free it with
+    }
+  }
+
+  const std::string getBackendName() const override {
+    return "oxccl";
+  }
+  bool supportsCoalescing() const override {
+    return true;
+  }
+
+  // one per collective, in issue order, the same on every rank (point-to-point does not count:
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL compares it across ranks before each collective)
+  uint64_t getSequenceNumberForGroup() override {
+    return seq_.load();
+  }
+  void setSequenceNumberForGroup() override {}
+
+  c10::intrusive_ptr<Work> broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
+    seq_++;
+    OX_CALL("broadcast", t, o.rootRank, o.rootTensor, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
+    seq_++;
+    OX_CALL("allreduce", t, o.reduceOp, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> allreduce_sparse(Tensors& t, const c10d::AllreduceOptions& o) override {
+    seq_++;
+    OX_CALL("allreduce_sparse", t, o.reduceOp, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> allreduce_coalesced(
+      Tensors& t,
+      const c10d::AllreduceCoalescedOptions& o) override {
+    seq_++;
+    OX_CALL("allreduce_coalesced", t, o.reduceOp, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> reduce(Tensors& t, const c10d::ReduceOptions& o) override {
+    seq_++;
+    OX_CALL("reduce", t, o.reduceOp, o.rootRank, o.rootTensor, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> allgather(TensorLists& out, Tensors& in, const c10d::AllgatherOptions& o)
+      override {
+    seq_++;
+    OX_CALL("allgather", out, in, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> _allgather_base(
+      at::Tensor& out,
+      at::Tensor& in,
+      const c10d::AllgatherOptions& o) override {
+    seq_++;
+    OX_CALL("allgather_base", out, in, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> allgather_coalesced(
+      TensorLists& out,
+      Tensors& in,
+      const c10d::AllgatherOptions& o) override {
+    seq_++;
+    OX_CALL("allgather_coalesced", out, in, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> allgather_into_tensor_coalesced(
+      Tensors& out,
+      Tensors& in,
+      const c10d::AllgatherOptions& o) override {
+    seq_++;
+    OX_CALL("allgather_into_tensor_coalesced", out, in, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> gather(TensorLists& out, Tensors& in, const c10d::GatherOptions& o)
+      override {
+    seq_++;
+    OX_CALL("gather", out, in, o.rootRank, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> scatter(Tensors& out, TensorLists& in, const c10d::ScatterOptions& o)
+      override {
+    seq_++;
+    OX_CALL("scatter", out, in, o.rootRank, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> reduce_scatter(
+      Tensors& out,
+      TensorLists& in,
+      const c10d::ReduceScatterOptions& o) override {
+    seq_++;
+    OX_CALL("reduce_scatter", out, in, o.reduceOp, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> _reduce_scatter_base(
+      at::Tensor& out,
+      at::Tensor& in,
+      const c10d::ReduceScatterOptions& o) override {
+    seq_++;
+    OX_CALL("reduce_scatter_base", out, in, o.reduceOp, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> reduce_scatter_tensor_coalesced(
+      Tensors& out,
+      Tensors& in,
+      const c10d::ReduceScatterOptions& o) override {
+    seq_++;
+    OX_CALL("reduce_scatter_tensor_coalesced", out, in, o.reduceOp, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> alltoall_base(
+      at::Tensor& out,
+      at::Tensor& in,
+      vector<int64_t>& out_splits,
+      vector<int64_t>& in_splits,
+      const c10d::AllToAllOptions& o) override {
+    seq_++;
+    OX_CALL("alltoall_base", out, in, out_splits, in_splits, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> alltoall(Tensors& out, Tensors& in, const c10d::AllToAllOptions& o)
+      override {
+    seq_++;
+    OX_CALL("alltoall", out, in, ms(o.timeout));
+  }
+  c10::intrusive_ptr<Work> barrier(const c10d::BarrierOptions& o) override {
+    seq_++;
+    OX_CALL("barrier", ms(o.timeout));
+  }
+  // gloo's semantics (rank 0 names the ranks that did not arrive in time), through the store
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAllRanks) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("monitored_barrier")(ms(o.timeout), waitAllRanks);
+  }
+  c10::intrusive_ptr<Work> send(Tensors& t, int dst, int tag) override {
+    OX_CALL("send", t, dst, tag);
+  }
+  c10::intrusive_ptr<Work> recv(Tensors& t, int src, int tag) override {
+    OX_CALL("recv", t, src, tag);
+  }
+  c10::intrusive_ptr<Work> recvAnysource(Tensors& t, int tag) override {
+    OX_CALL("recv_anysource", t, tag);
+  }
+  void startCoalescing() override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("start_coalescing")();
+  }
+  c10::intrusive_ptr<Work> endCoalescing() override {
+    OX_CALL("end_coalescing");
+  }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("set_timeout")(ms(timeout));
+  }
+  void abort() override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("abort")();
+  }
+  void shutdown() override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("shutdown")();
+  }
+
+  // the Python implementation (for tests and the package's own use)
+  py::object impl() const {
+    return impl_;
+  }
+
+ private:
+  py::object impl_;
+  std::atomic<uint64_t> seq_{0};
+};
+
+OxWork& as_ox(Work& w) {
+  auto* ox = dynamic_cast<OxWork*>(&w);
+  TORCH_CHECK(ox != nullptr, "oxccl: not a Work made by the oxccl backend");
+  return *ox;
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::module::import("torch.distributed");
+  m.doc() = "The oxccl torch.distributed backend's C++ Backend and Work (see oxccl/torch.py)";
+  m.def(
+      "new_backend",
+      [](int rank, int size, py::object impl) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<OxBackend>(rank, size, std::move(impl));
+      },
+      "A c10d Backend whose operations call impl's methods");
+  m.def(
+      "backend_impl",
+      [](c10d::Backend& b) -> py::object {
+        auto* ox = dynamic_cast<OxBackend*>(&b);
+        TORCH_CHECK(ox != nullptr, "oxccl: not an oxccl backend");
+        return ox->impl();
+      },
+      "The Python implementation behind an oxccl Backend");
+  m.def(
+      "new_work",
+      [](int rank, Tensors result, int64_t timeout_ms, bool any_source, std::string what)
+          -> c10::intrusive_ptr<Work> {
+        return c10::make_intrusive<OxWork>(
+            rank, std::move(result), timeout_ms, any_source, std::move(what));
+      },
+      "A Work completed later by complete()");
+  m.def(
+      "complete",
+      [](Work& w, std::optional<std::string> error, int source) {
+        as_ox(w).complete(error, source);
+      },
+      py::arg("work"),
+      py::arg("error") = py::none(),
+      py::arg("source") = -1,
+      py::call_guard<py::gil_scoped_release>(),
+      "Marks a Work done (error: None on success), waking its waiters and its future");
+}
