@@ -43,6 +43,7 @@ class BuildWithRust(build_py):
 
 def build_torch_ext(dest):
     """Compile the torch backend's C++ part against the target environment's torch."""
+    dest = pathlib.Path(dest).resolve()  # the compiler runs from /
     # pip's isolated build hides the target environment's packages (through PYTHONPATH); the
     # same interpreter without it sees them, torch included
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
@@ -50,7 +51,10 @@ def build_torch_ext(dest):
     if probe.returncode != 0:
         print("oxccl: torch is not installed here; the torch backend's C++ part is built at its first import")
         return
-    r = subprocess.run([sys.executable, str(HERE / "oxccl" / "_ext.py"), str(dest)], env=env, cwd="/", capture_output=True, text=True)
+    # run_path, not `python oxccl/_ext.py`: that would put oxccl/ first on sys.path, where
+    # oxccl/torch.py shadows torch
+    script = f"import runpy, sys; sys.argv = ['_ext', {str(dest)!r}]; runpy.run_path({str(HERE / 'oxccl' / '_ext.py')!r}, run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd="/", capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"oxccl: could not build the torch backend against the installed torch:\n{r.stderr[-3000:]}")
     print(f"oxccl: built the torch backend: {r.stdout.strip()}")

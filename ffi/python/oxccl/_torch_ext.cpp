@@ -124,10 +124,43 @@ int64_t ms(std::chrono::milliseconds t) {
   return t.count();
 }
 
+// Whether the caller waits at once (torch >= 2.7 says so in asyncOp; older torch: assume not)
+template <class O>
+auto blocking_of(const O& o, int) -> decltype(o.asyncOp, bool()) {
+  return !o.asyncOp;
+}
+template <class O>
+bool blocking_of(const O&, long) {
+  return false;
+}
+
+// Sets impl._blocking for one call, and clears it however the call ends (GIL held)
+struct BlockingScope {
+  BlockingScope(py::object& impl, bool blocking) : impl_(impl) {
+    PyObject_SetAttrString(impl_.ptr(), "_blocking", blocking ? Py_True : Py_False);
+  }
+  ~BlockingScope() {
+    if (PyObject_SetAttrString(impl_.ptr(), "_blocking", Py_False) != 0) {
+      PyErr_Clear();
+    }
+  }
+  py::object& impl_;
+};
+
 // Calls the Python implementation's method `name` with the GIL held; returns its Work.
 #define OX_CALL(name, ...)                                       \
   do {                                                           \
     py::gil_scoped_acquire gil;                                  \
+    py::object w = impl_.attr(name)(__VA_ARGS__);                \
+    return w.cast<c10::intrusive_ptr<Work>>();                   \
+  } while (false)
+
+// The same, telling the implementation first whether the caller blocks on the result (then an
+// idle backend runs it in the calling thread: no hand-off to the worker and back)
+#define OX_CALL_O(name, o, ...)                                   \
+  do {                                                           \
+    py::gil_scoped_acquire gil;                                  \
+    BlockingScope scope(impl_, blocking_of(o, 0));               \
     py::object w = impl_.attr(name)(__VA_ARGS__);                \
     return w.cast<c10::intrusive_ptr<Work>>();                   \
   } while (false)
@@ -161,82 +194,82 @@ class OxBackend : public c10d::Backend {
 
   c10::intrusive_ptr<Work> broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
     seq_++;
-    OX_CALL("broadcast", t, o.rootRank, o.rootTensor, ms(o.timeout));
+    OX_CALL_O("broadcast", o, t, o.rootRank, o.rootTensor, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     seq_++;
-    OX_CALL("allreduce", t, o.reduceOp, ms(o.timeout));
+    OX_CALL_O("allreduce", o, t, o.reduceOp, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> allreduce_sparse(Tensors& t, const c10d::AllreduceOptions& o) override {
     seq_++;
-    OX_CALL("allreduce_sparse", t, o.reduceOp, ms(o.timeout));
+    OX_CALL_O("allreduce_sparse", o, t, o.reduceOp, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> allreduce_coalesced(
       Tensors& t,
       const c10d::AllreduceCoalescedOptions& o) override {
     seq_++;
-    OX_CALL("allreduce_coalesced", t, o.reduceOp, ms(o.timeout));
+    OX_CALL_O("allreduce_coalesced", o, t, o.reduceOp, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> reduce(Tensors& t, const c10d::ReduceOptions& o) override {
     seq_++;
-    OX_CALL("reduce", t, o.reduceOp, o.rootRank, o.rootTensor, ms(o.timeout));
+    OX_CALL_O("reduce", o, t, o.reduceOp, o.rootRank, o.rootTensor, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> allgather(TensorLists& out, Tensors& in, const c10d::AllgatherOptions& o)
       override {
     seq_++;
-    OX_CALL("allgather", out, in, ms(o.timeout));
+    OX_CALL_O("allgather", o, out, in, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> _allgather_base(
       at::Tensor& out,
       at::Tensor& in,
       const c10d::AllgatherOptions& o) override {
     seq_++;
-    OX_CALL("allgather_base", out, in, ms(o.timeout));
+    OX_CALL_O("allgather_base", o, out, in, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> allgather_coalesced(
       TensorLists& out,
       Tensors& in,
       const c10d::AllgatherOptions& o) override {
     seq_++;
-    OX_CALL("allgather_coalesced", out, in, ms(o.timeout));
+    OX_CALL_O("allgather_coalesced", o, out, in, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> allgather_into_tensor_coalesced(
       Tensors& out,
       Tensors& in,
       const c10d::AllgatherOptions& o) override {
     seq_++;
-    OX_CALL("allgather_into_tensor_coalesced", out, in, ms(o.timeout));
+    OX_CALL_O("allgather_into_tensor_coalesced", o, out, in, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> gather(TensorLists& out, Tensors& in, const c10d::GatherOptions& o)
       override {
     seq_++;
-    OX_CALL("gather", out, in, o.rootRank, ms(o.timeout));
+    OX_CALL_O("gather", o, out, in, o.rootRank, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> scatter(Tensors& out, TensorLists& in, const c10d::ScatterOptions& o)
       override {
     seq_++;
-    OX_CALL("scatter", out, in, o.rootRank, ms(o.timeout));
+    OX_CALL_O("scatter", o, out, in, o.rootRank, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> reduce_scatter(
       Tensors& out,
       TensorLists& in,
       const c10d::ReduceScatterOptions& o) override {
     seq_++;
-    OX_CALL("reduce_scatter", out, in, o.reduceOp, ms(o.timeout));
+    OX_CALL_O("reduce_scatter", o, out, in, o.reduceOp, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> _reduce_scatter_base(
       at::Tensor& out,
       at::Tensor& in,
       const c10d::ReduceScatterOptions& o) override {
     seq_++;
-    OX_CALL("reduce_scatter_base", out, in, o.reduceOp, ms(o.timeout));
+    OX_CALL_O("reduce_scatter_base", o, out, in, o.reduceOp, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> reduce_scatter_tensor_coalesced(
       Tensors& out,
       Tensors& in,
       const c10d::ReduceScatterOptions& o) override {
     seq_++;
-    OX_CALL("reduce_scatter_tensor_coalesced", out, in, o.reduceOp, ms(o.timeout));
+    OX_CALL_O("reduce_scatter_tensor_coalesced", o, out, in, o.reduceOp, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> alltoall_base(
       at::Tensor& out,
@@ -245,16 +278,16 @@ class OxBackend : public c10d::Backend {
       vector<int64_t>& in_splits,
       const c10d::AllToAllOptions& o) override {
     seq_++;
-    OX_CALL("alltoall_base", out, in, out_splits, in_splits, ms(o.timeout));
+    OX_CALL_O("alltoall_base", o, out, in, out_splits, in_splits, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> alltoall(Tensors& out, Tensors& in, const c10d::AllToAllOptions& o)
       override {
     seq_++;
-    OX_CALL("alltoall", out, in, ms(o.timeout));
+    OX_CALL_O("alltoall", o, out, in, ms(o.timeout));
   }
   c10::intrusive_ptr<Work> barrier(const c10d::BarrierOptions& o) override {
     seq_++;
-    OX_CALL("barrier", ms(o.timeout));
+    OX_CALL_O("barrier", o, ms(o.timeout));
   }
   // gloo's semantics (rank 0 names the ranks that did not arrive in time), through the store
   void monitoredBarrier(const c10d::BarrierOptions& o, bool waitAllRanks) override {
