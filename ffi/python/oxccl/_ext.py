@@ -91,5 +91,5 @@ def load():
 
 
 if __name__ == "__main__":
-    # setup.py: python -m oxccl._ext DIR builds into DIR (with the target environment's torch)
+    # setup.py runs this file (runpy.run_path) with DIR: builds into DIR against its torch
     print(build(sys.argv[1]))
