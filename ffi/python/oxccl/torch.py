@@ -79,6 +79,7 @@ class Impl(Ops, Moves):
         self._blocking = False  # set by the C++ Backend around a call whose caller waits at once
         self._coalesced = None  # (fn, work) recorded between start_ and end_coalescing
         self._queue = queue.Queue()
+        self._running = threading.Lock()  # held while an operation runs, in whichever thread
         self._worker = threading.Thread(target=self._run, name=f"oxccl-rank{rank}", daemon=True)
         self._worker.start()
 
@@ -95,7 +96,8 @@ class Impl(Ops, Moves):
             job = self._queue.get()
             if job is None:
                 return
-            self._execute(*job)
+            with self._running:
+                self._execute(*job)
             self._queue.task_done()
 
     def _execute(self, fn, works, what, ms):
@@ -128,16 +130,19 @@ class Impl(Ops, Moves):
             # enqueued on the tensor's current stream in this thread, as ProcessGroupNCCL does;
             # earlier CPU jobs go first so that every rank issues its operations in one order
             self._queue.join()
-            self._comm.stream = torch.cuda.current_stream(cuda.device).cuda_stream
-            try:
-                self._execute(fn, [work], what, ms)
-            finally:
-                self._comm.stream = None
+            with self._running:
+                self._comm.stream = torch.cuda.current_stream(cuda.device).cuda_stream
+                try:
+                    self._execute(fn, [work], what, ms)
+                finally:
+                    self._comm.stream = None
             return work
         if self._blocking and self._queue.unfinished_tasks == 0:
             # the caller waits at once and the worker is idle: run it here (the C call releases
-            # the GIL), which saves two thread hand-offs per call
-            self._execute(fn, [work], what, ms)
+            # the GIL), which saves two thread hand-offs per call; under the lock the worker
+            # takes too, so that operations from several threads still run one at a time
+            with self._running:
+                self._execute(fn, [work], what, ms)
             return work
         self._queue.put((fn, [work], what, ms))
         return work
@@ -165,7 +170,8 @@ class Impl(Ops, Moves):
         works = [w for _, w in jobs] + [work]
         if any(cuda_tensor(w.result()) is not None for w in works):
             self._queue.join()
-            self._execute(run, works, what, ms)
+            with self._running:
+                self._execute(run, works, what, ms)
         else:
             self._queue.put((run, works, what, ms))
         return work
