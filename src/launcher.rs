@@ -78,13 +78,15 @@ pub fn first_host(list: &str) -> Option<String> {
     (!host.is_empty()).then_some(host)
 }
 
-/// A port in 29500..49500 from the job id (FNV-1a), the same on every rank of the job.
+/// A port in 20000..32000 from the job id (FNV-1a), the same on every rank of the job. Below
+/// Linux's ephemeral range (32768..61000): there, the local end of any outgoing connection can
+/// hold the port, which makes the bind fail while nothing listens.
 fn port_of(job: &str) -> u16 {
     let mut h: u32 = 0x811c_9dc5;
     for b in job.bytes() {
         h = (h ^ b as u32).wrapping_mul(0x0100_0193);
     }
-    29500 + (h % 20000) as u16
+    20000 + (h % 12000) as u16
 }
 
 /// The store address for a job launched without `MASTER_ADDR`/`NCCL_COMM_ID`, or with them.
@@ -145,7 +147,7 @@ mod tests {
         assert_eq!(port_of("1234.0"), port_of("1234.0"));
         assert_ne!(port_of("1234.0"), port_of("1235.0"));
         for j in ["", "a", "job-77", "999999.12"] {
-            assert!((29500..49500).contains(&port_of(j)));
+            assert!((20000..32000).contains(&port_of(j)));
         }
     }
 }
