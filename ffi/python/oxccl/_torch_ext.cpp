@@ -47,15 +47,17 @@ class OxWork : public Work {
             devices(result_))) {}
 
   // error empty: success. source: the rank an any-source receive matched.
+  // The future first, then the waiters: a caller that wait()ed may read get_future().value()
+  // at once (the other order failed torch's completed() assertion in CI).
   void complete(const std::optional<std::string>& error, int source) {
     source_.store(source);
     if (error) {
       auto ep = dist_error(*error);
-      finish(ep);
       future_->setError(ep);
+      finish(ep);
     } else {
-      finish();
       future_->markCompleted(c10::IValue(result_));
+      finish();
     }
   }
 
