@@ -193,6 +193,8 @@ impl Communicator {
                     seq: 0,
                     p2p_tx: vec![0; nranks],
                     p2p_rx: vec![0; nranks],
+                    pending_rx: (0..nranks).map(|_| None).collect(),
+                    any_turn: 0,
                     splits: 0,
                     error: None,
                     sched_cache: Default::default(),

@@ -1,6 +1,7 @@
 //! The communicator: life cycle, the Rust API of every collective (blocking and
 //! non-blocking), groups, split and argument checks. The state behind it is `crate::runtime`.
 
+mod anysource;
 mod group;
 mod life;
 mod nonblocking;

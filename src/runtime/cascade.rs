@@ -21,6 +21,7 @@ impl Shared {
             }
             st.error = Some(e.clone());
             self.failed.store(true, Ordering::Release);
+            st.pending_rx.iter_mut().for_each(|p| *p = None);
             std::mem::replace(&mut st.conns, Conns::new(self.nranks))
         };
         if let Some(dir) = &self.cfg.dump_dir {

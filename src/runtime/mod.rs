@@ -1,12 +1,14 @@
 //! The state behind a communicator: its shared part ([`Shared`]), connection setup, the
 //! failure cascade, the flight recorder, the network choice and the tuner's inputs.
 
+mod anysource;
 mod cascade;
 mod net;
 mod recorder;
 mod setup;
 mod tune;
 
+pub(crate) use anysource::RECV_ANY;
 pub(crate) use net::transports;
 pub(crate) use setup::Setup;
 
@@ -32,6 +34,10 @@ pub(crate) struct State {
     pub(crate) seq: u64,
     pub(crate) p2p_tx: Vec<u64>,
     pub(crate) p2p_rx: Vec<u64>,
+    /// Receive connections offered to a peer by an any-source receive and not taken yet.
+    pub(crate) pending_rx: Vec<Option<Box<dyn oxccl_transport::PendingRecv>>>,
+    /// Where the next any-source receive starts looking (rotates, for fairness).
+    pub(crate) any_turn: usize,
     pub(crate) splits: u64,
     pub(crate) error: Option<Error>,
     /// Schedules built recently, keyed by their parameters (training loops repeat operations).

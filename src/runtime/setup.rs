@@ -18,6 +18,12 @@ pub(crate) fn tag_blob(name: &str, blob: &[u8]) -> Vec<u8> {
     b
 }
 
+/// The store key of a pair's setup blob (`kind` "conn") or the sender's acknowledgement ("ack"),
+/// for messages from rank `a` to rank `b`.
+pub(crate) fn conn_key(prefix: &str, kind: &str, a: usize, b: usize) -> String {
+    format!("{prefix}/{kind}/{a}->{b}")
+}
+
 /// The transport name and the blob of a tagged setup blob; `None` if truncated.
 pub(crate) fn untag_blob(b: &[u8]) -> Option<(&[u8], &[u8])> {
     let n = *b.first()? as usize;
@@ -137,7 +143,7 @@ pub(crate) struct Setup<'s> {
 
 impl<'s> Setup<'s> {
     pub(crate) fn key(&self, kind: &str, a: usize, b: usize) -> String {
-        format!("{}/{kind}/{a}->{b}", self.sh.prefix)
+        conn_key(&self.sh.prefix, kind, a, b)
     }
 
     pub(crate) fn new(sh: &'s Shared, rx: &[usize], tx: &[usize], doing: Option<(u64, Fingerprint)>) -> Self {
@@ -159,7 +165,12 @@ impl<'s> Setup<'s> {
         }
         for &p in &self.rx {
             let (pr, blob) = {
-                let st = sh.state.lock().unwrap();
+                let mut st = sh.state.lock().unwrap();
+                // offered already by an any-source receive: its blob is the one the peer uses
+                if let Some(pr) = st.pending_rx[p].take() {
+                    self.pending.push((p, pr));
+                    continue;
+                }
                 let t = sh.transport_for(&st, p);
                 let (pr, blob) = t.setup_recv(p).map_err(|e| e.with_rank(me))?;
                 (pr, tag_blob(t.name(), &blob))
