@@ -28,6 +28,55 @@ pub unsafe extern "C" fn oxcclCommInitRankTimeout(
     })
 }
 
+/// `oxcclRecvAny`: `ncclRecv` from whichever rank sends to this one first (gloo's and MPI's
+/// any-source receive); the matched rank is written to `*source`. The peer sends with an
+/// ordinary `ncclSend`. Host memory only, outside a group, and blocking: it returns once the
+/// message is received (or with the communicator's timeout, which leaves it usable).
+///
+/// # Safety
+/// As for `ncclRecv` on host memory; `source` is valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn oxcclRecvAny(
+    recvbuff: *mut c_void,
+    count: size_t,
+    datatype: c_int,
+    source: *mut c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    boundary("oxcclRecvAny", || {
+        if source.is_null() {
+            return Err(arg("source is NULL"));
+        }
+        let e = entry(comm)?;
+        let c = e.ready()?;
+        let dt = dtype(datatype)?;
+        if GROUP.with(|g| g.borrow().0 > 0) {
+            return Err(oxccl::Error::invalid_usage(
+                "oxcclRecvAny cannot be part of a group (call it outside ncclGroupStart/End)",
+            ));
+        }
+        let desc = |root| oxccl::OpDesc { coll: oxccl::Coll::Recv, dtype: dt, op: oxccl::ReduceOp::Sum, count, root };
+        let layout = layout(c, &desc(0), std::ptr::null(), recvbuff)?;
+        if placement(&layout, "oxcclRecvAny")?.is_some() {
+            return Err(oxccl::Error::invalid_usage(
+                "oxcclRecvAny takes host memory (device buffers: use ncclRecv with the peer)",
+            ));
+        }
+        if count == 0 {
+            return Err(arg("oxcclRecvAny needs at least one element: a send of nothing puts nothing on the wire"));
+        }
+        host_after_stream(stream, "oxcclRecvAny")?;
+        e.drain_device();
+        let peer = c.probe_any(&[])?;
+        // SAFETY: blocking, as NCCL's own ncclRecv on host memory: the buffer outlives the call.
+        c.run(desc(peer), unsafe { borrowed(&layout) })?;
+        // SAFETY: checked non-NULL; the caller's contract makes it valid for one write.
+        unsafe { *source = peer as c_int };
+        Ok(ncclSuccess)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +104,60 @@ mod tests {
         assert_eq!(unsafe { oxcclCommInitRankTimeout(&mut comm, 1, uid(), 0, 5.0) }, ncclSuccess);
         // SAFETY: the communicator just made.
         assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
+    }
+
+    /// Ranks 1 and 2 `ncclSend` to rank 0, which receives both with `oxcclRecvAny`: each
+    /// source once, its data exact. Bad arguments are refused and lose nothing.
+    #[test]
+    fn recv_any_matches_each_sender_and_checks_its_arguments() {
+        let mut comms: [ncclComm_t; 3] = [std::ptr::null_mut(); 3];
+        // SAFETY: room for 3 handles; NULL device list.
+        assert_eq!(unsafe { ncclCommInitAll(comms.as_mut_ptr(), 3, std::ptr::null()) }, ncclSuccess);
+        let hs: Vec<usize> = comms.iter().map(|&c| c as usize).collect();
+        let (mut buf, mut src) = ([0u32; 5], -1);
+        let c0 = comms[0];
+        // SAFETY: a live handle and buffers valid for each call.
+        unsafe {
+            assert_eq!(
+                oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 8, std::ptr::null_mut(), c0, std::ptr::null_mut()),
+                ncclInvalidArgument
+            );
+            assert_eq!(
+                oxcclRecvAny(buf.as_mut_ptr().cast(), 0, 8, &mut src, c0, std::ptr::null_mut()),
+                ncclInvalidArgument
+            );
+            assert_eq!(
+                oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 99, &mut src, c0, std::ptr::null_mut()),
+                ncclInvalidArgument
+            );
+            assert_eq!(
+                oxcclRecvAny(std::ptr::null_mut(), 5, 8, &mut src, c0, std::ptr::null_mut()),
+                ncclInvalidArgument
+            );
+        }
+        std::thread::scope(|s| {
+            for (r, &h) in hs.iter().enumerate().skip(1) {
+                s.spawn(move || {
+                    let data = [r as u32 * 100; 5];
+                    // SAFETY: a live handle; the buffer outlives the blocking call.
+                    let rc = unsafe { ncclSend(data.as_ptr().cast(), 5, 8, 0, h as ncclComm_t, std::ptr::null_mut()) };
+                    assert_eq!(rc, ncclSuccess);
+                });
+            }
+            let mut seen = vec![];
+            for _ in 0..2 {
+                // SAFETY: as above.
+                let rc = unsafe { oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 8, &mut src, c0, std::ptr::null_mut()) };
+                assert_eq!(rc, ncclSuccess);
+                assert_eq!(buf, [src as u32 * 100; 5]);
+                seen.push(src);
+            }
+            seen.sort();
+            assert_eq!(seen, [1, 2]);
+        });
+        for c in comms {
+            // SAFETY: the handles made above.
+            assert_eq!(unsafe { ncclCommDestroy(c) }, ncclSuccess);
+        }
     }
 }

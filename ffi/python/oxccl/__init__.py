@@ -101,6 +101,7 @@ def lib():
             "ncclScatter": [vp, vp, sz, ci, ci, vp, vp],
             "ncclSend": [vp, sz, ci, ci, vp, vp],
             "ncclRecv": [vp, sz, ci, ci, vp, vp],
+            "oxcclRecvAny": [vp, sz, ci, ctypes.POINTER(ci), vp, vp],
             "ncclGroupStart": [],
             "ncclGroupEnd": [],
             "ncclRedOpCreatePreMulSum": [ctypes.POINTER(ci), vp, ci, ci, vp],
@@ -246,6 +247,13 @@ class Comm:
 
     def recv(self, buf, count, dtype, peer):
         _check(lib().ncclRecv(buf, count, dtype, peer, self._h(), self.stream), "ncclRecv")
+
+    def recv_any(self, buf, count, dtype):
+        """Receive from whichever rank sends to this one first (oxccl's ``oxcclRecvAny``);
+        returns that rank. Host memory; blocks until received or the communicator's timeout."""
+        src = ctypes.c_int(-1)
+        _check(lib().oxcclRecvAny(buf, count, dtype, ctypes.byref(src), self._h(), self.stream), "oxcclRecvAny")
+        return src.value
 
     def create_pre_mul_sum(self, scalar_addr, dtype):
         """ncclRedOpCreatePreMulSum with a host scalar read now; returns the op."""

@@ -241,10 +241,24 @@ class Moves:
         return self._submit(f"recv from rank {src}", run, tensors)
 
     def recv_anysource(self, tensors, tag=0):
-        raise bad(
-            "recv without a source (any-source receive) is not implemented yet: "
-            "pass src= (the sender's rank)"
-        )
+        for t in tensors:
+            check(t)
+            if t.numel() == 0:
+                raise bad("recv without a source needs a tensor of at least one element")
+
+        def run():
+            # the first tensor matches a sender; the rest come from the same one, in order
+            src = None
+            for t in tensors:
+                s = Staged(t, load=False)
+                if src is None:
+                    src = self._comm.recv_any(s.ptr, s.c.numel(), dt(s.c))
+                else:
+                    self._comm.recv(s.ptr, s.c.numel(), dt(s.c), src)
+                s.done()
+            return src
+
+        return self._submit("recv from any source", run, tensors, any_source=True)
 
     def barrier(self, timeout_ms=-1):
         t = torch.zeros(1)

@@ -1,6 +1,6 @@
 """The "oxccl" backend behaves like a first-party c10d backend (issue 18): Work states, per-group
 timeouts, TORCH_DISTRIBUTED_DEBUG=DETAIL, sequence numbers, bitwise ops, non-contiguous and
-sparse tensors, coalesced operations, local argument errors, monitored_barrier. Exact values.
+sparse tensors, coalesced operations, any-source receives, local argument errors, monitored_barrier. Exact values.
 
 Run: python ffi/python/tests/test_torch_c10d.py   (.ci/run does)
 """
@@ -134,11 +134,40 @@ def coalesced_checks(rank, world):
     assert torch.equal(a, torch.full((4,), s)) and torch.equal(b, torch.full((2,), int(s), dtype=torch.int64))
 
 
+def any_source_checks(rank, world):
+    # every other rank sends twice to rank 0, which receives without naming the source
+    if rank == 0:
+        got = {}
+        for _ in range(2 * (world - 1)):
+            t = torch.zeros(4, dtype=torch.int64)
+            src = dist.recv(t)
+            k = got.setdefault(src, 0)
+            assert torch.equal(t, torch.full((4,), 100 * src + k)), (src, k, t)
+            got[src] = k + 1
+        assert got == {q: 2 for q in range(1, world)}, got
+    else:
+        for k in range(2):
+            dist.send(torch.full((4,), 100 * rank + k, dtype=torch.int64), dst=0)
+    dist.barrier()
+    # irecv without a source into a non-contiguous tensor: the work names the sender once done
+    if rank == 0:
+        t = torch.zeros(2, 3)
+        w = dist.irecv(t.t())
+        w.wait()
+        assert w._source_rank() == world - 1 and w.is_success()
+        assert torch.equal(t.t(), torch.arange(6.0).view(3, 2))
+        expect_error(lambda: dist.recv(torch.zeros(0)), "at least one element")
+    elif rank == world - 1:
+        dist.send(torch.arange(6.0).view(3, 2), dst=0)
+    dist.barrier()
+
+
 def values_worker(rank, world, port):
     setup(rank, world, port, "oxccl")
     bitwise_checks(rank, world)
     layout_checks(rank, world)
     coalesced_checks(rank, world)
+    any_source_checks(rank, world)
     # an error in one call's arguments is raised locally and leaves the group usable
     expect_error(lambda: dist.all_gather([torch.zeros(3)] * world, torch.zeros(2)), "the group stays usable")
     t = torch.ones(2)
@@ -161,7 +190,7 @@ def main():
     print("TORCH_DISTRIBUTED_DEBUG=DETAIL: collectives, subgroups, all_gather_object, mismatch caught", flush=True)
     for world in (2, 3):
         run(values_worker, world)
-        print(f"values on {world} ranks: bitwise, non-contiguous, sparse (= gloo), coalesced, local errors, monitored_barrier", flush=True)
+        print(f"values on {world} ranks: bitwise, non-contiguous, sparse (= gloo), coalesced, any-source recv, local errors, monitored_barrier", flush=True)
     print("torch c10d tests: OK")
 
 
