@@ -119,11 +119,11 @@ mod tests {
         // SAFETY: a live handle and buffers valid for each call.
         unsafe {
             assert_eq!(
-                oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 8, std::ptr::null_mut(), c0, std::ptr::null_mut()),
+                oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 3, std::ptr::null_mut(), c0, std::ptr::null_mut()),
                 ncclInvalidArgument
             );
             assert_eq!(
-                oxcclRecvAny(buf.as_mut_ptr().cast(), 0, 8, &mut src, c0, std::ptr::null_mut()),
+                oxcclRecvAny(buf.as_mut_ptr().cast(), 0, 3, &mut src, c0, std::ptr::null_mut()),
                 ncclInvalidArgument
             );
             assert_eq!(
@@ -131,7 +131,7 @@ mod tests {
                 ncclInvalidArgument
             );
             assert_eq!(
-                oxcclRecvAny(std::ptr::null_mut(), 5, 8, &mut src, c0, std::ptr::null_mut()),
+                oxcclRecvAny(std::ptr::null_mut(), 5, 3, &mut src, c0, std::ptr::null_mut()),
                 ncclInvalidArgument
             );
         }
@@ -140,14 +140,14 @@ mod tests {
                 s.spawn(move || {
                     let data = [r as u32 * 100; 5];
                     // SAFETY: a live handle; the buffer outlives the blocking call.
-                    let rc = unsafe { ncclSend(data.as_ptr().cast(), 5, 8, 0, h as ncclComm_t, std::ptr::null_mut()) };
+                    let rc = unsafe { ncclSend(data.as_ptr().cast(), 5, 3, 0, h as ncclComm_t, std::ptr::null_mut()) };
                     assert_eq!(rc, ncclSuccess);
                 });
             }
             let mut seen = vec![];
             for _ in 0..2 {
                 // SAFETY: as above.
-                let rc = unsafe { oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 8, &mut src, c0, std::ptr::null_mut()) };
+                let rc = unsafe { oxcclRecvAny(buf.as_mut_ptr().cast(), 5, 3, &mut src, c0, std::ptr::null_mut()) };
                 assert_eq!(rc, ncclSuccess);
                 assert_eq!(buf, [src as u32 * 100; 5]);
                 seen.push(src);
