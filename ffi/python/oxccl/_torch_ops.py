@@ -190,9 +190,19 @@ class Ops:
                         off += t.numel()
                     return
                 staged = [Staged(t) for t in tensors]
-                with _ox.group():
+                # one op per dtype, made before the group and closed after it (PREMUL_SUM ops
+                # are communicator resources)
+                ops = {}
+                try:
                     for s in staged:
-                        self._comm.all_reduce(s.ptr, s.ptr, s.c.numel(), dt(s.c), Op(self._comm, reduce_op, s.c).code)
+                        if s.c.dtype not in ops:
+                            ops[s.c.dtype] = Op(self._comm, reduce_op, s.c)
+                    with _ox.group():
+                        for s in staged:
+                            self._comm.all_reduce(s.ptr, s.ptr, s.c.numel(), dt(s.c), ops[s.c.dtype].code)
+                finally:
+                    for o in ops.values():
+                        o.close()
                 for s in staged:
                     s.done()
             finally:

@@ -12,6 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+import oxccl.torch
+
 sys.path.insert(0, os.path.dirname(__file__))
 from test_torch import run, setup  # noqa: E402
 
@@ -132,6 +134,22 @@ def coalesced_checks(rank, world):
         dist.all_reduce(b)
     cm.wait()
     assert torch.equal(a, torch.full((4,), s)) and torch.equal(b, torch.full((2,), int(s), dtype=torch.int64))
+    # mixed dtypes with PREMUL_SUM: one op per dtype, every one released afterwards (the next
+    # two ops made take the first two user op codes again). torch's front end refuses mixed dtypes, so
+    # the backend is called directly.
+    impl = oxccl.torch.backend_impl()
+    x, y = torch.ones(3) * (rank + 1), torch.ones(2, dtype=torch.float64) * (rank + 1)
+    for _ in range(3):
+        x.fill_(rank + 1), y.fill_(rank + 1)
+        impl.allreduce_coalesced([x, y], dist._make_nccl_premul_sum(2.0)).wait()
+    want = float(world * (world + 1))
+    assert torch.equal(x, torch.full((3,), want)) and torch.equal(y, torch.full((2,), want, dtype=torch.float64))
+    comm = impl._comm
+    one = torch.ones(1)
+    codes = [comm.create_pre_mul_sum(one.data_ptr(), 7) for _ in range(2)]
+    for c in codes:
+        comm.destroy_op(c)
+    assert codes == [5, 6], f"ops leaked: the next two op codes are {codes}, not [5, 6] (ncclNumOps = 5)"
 
 
 def any_source_checks(rank, world):
