@@ -222,10 +222,18 @@ fn job_prefix(job: &[u8; 8]) -> String {
 
 /// Rendezvous through a unique id.
 pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
+    from_unique_id_owning(id, cfg, true)
+}
+
+/// [`from_unique_id`]; with `own` false the rendezvous is a client only, and the store's
+/// server (if this process has it) waits for another communicator to own it.
+pub(crate) fn from_unique_id_owning(id: &UniqueId, cfg: &Config, own: bool) -> Result<Rendezvous> {
     let addr = id.addr()?;
     let job = id.job();
     // the first communicator of this process built on the id owns its store from now on
-    let server = {
+    let server = if !own {
+        None
+    } else {
         let mut g = SERVERS.lock().unwrap();
         // servers inherited through fork run in the parent: this process is their client
         let now = crate::fork_generation();

@@ -92,7 +92,7 @@ mod progress;
 mod runtime;
 
 pub use bootstrap::UniqueId;
-pub use communicator::{AbortHandle, Communicator, Group, OpDesc, Request};
+pub use communicator::{AbortHandle, Communicator, Group, OpDesc, Request, ShrinkMode};
 pub use config::Config;
 pub use exec::{HostBuf, OpMem};
 pub use schedule::{inplace_layout, Algo, Coll};

@@ -13,6 +13,14 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+const SPLIT: crate::runtime::WaitFor<'static> = crate::runtime::WaitFor {
+    stage: "split",
+    to: "call split",
+    before: "before calling split",
+    what: "ncclCommSplit",
+    revocable: false,
+};
+
 pub(crate) fn comm_id_of(prefix: &str) -> u64 {
     u64::from_le_bytes(blake3::hash(prefix.as_bytes()).as_bytes()[..8].try_into().unwrap())
 }
@@ -82,7 +90,7 @@ impl Communicator {
         handles.into_iter().map(|h| h.join().map_err(|_| Error::internal("init thread panicked"))?).collect()
     }
 
-    fn join(rdv: Rendezvous, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+    pub(super) fn join(rdv: Rendezvous, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
         crate::config::init_logging();
         let _scope = crate::log::RankScope::new(rank);
         let t0 = Instant::now();
@@ -125,7 +133,7 @@ impl Communicator {
         Ok(c)
     }
 
-    fn assemble(
+    pub(super) fn assemble(
         store: Arc<dyn Store>,
         prefix: String,
         secret: [u8; 32],
@@ -196,11 +204,15 @@ impl Communicator {
                     pending_rx: (0..nranks).map(|_| None).collect(),
                     any_turn: 0,
                     splits: 0,
+                    grows: 0,
+                    grow_id: None,
+                    suspended: false,
                     error: None,
                     sched_cache: Default::default(),
                     last_sched: None,
                 }),
                 aborted: AtomicBool::new(false),
+                revoked: AtomicBool::new(false),
                 failed: AtomicBool::new(false),
                 abort_bell: Doorbell::new()?,
                 busy: AtomicBool::new(false),
@@ -220,14 +232,18 @@ impl Communicator {
         let sh = &self.sh;
         let n = {
             let mut st = sh.state.lock().unwrap();
-            check_state(sh, &st)?;
+            // a revoked communicator still splits (its connections are not needed)
+            if !sh.revoked.load(std::sync::atomic::Ordering::SeqCst)
+                || sh.aborted.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                check_state(sh, &st)?;
+            }
             st.splits += 1;
             st.splits
         };
         let base = format!("{}/split{n}", sh.prefix);
-        sh.store.set(&format!("{base}/{}", sh.rank), format!("{color} {key}").as_bytes())?;
-        let keys: Vec<String> = (0..sh.nranks).map(|r| format!("{base}/{r}")).collect();
-        let vals = sh.store.multi_get(&keys, sh.cfg.timeout).map_err(|e| e.with_rank(sh.rank).with_op("split"))?;
+        let all: Vec<usize> = (0..sh.nranks).collect();
+        let vals = sh.gather_records(&base, format!("{color} {key}").as_bytes(), &all, &SPLIT, &|_, _| Ok(()))?;
         let mut members = Vec::new();
         for (r, v) in vals.iter().enumerate() {
             let s = std::str::from_utf8(v).map_err(|_| Error::remote("malformed split record"))?;

@@ -2,12 +2,14 @@
 //! non-blocking), groups, split and argument checks. The state behind it is `crate::runtime`.
 
 mod anysource;
+mod elastic;
 mod group;
 mod life;
 mod nonblocking;
 mod ops;
 mod validate;
 
+pub use elastic::ShrinkMode;
 pub use group::Group;
 pub use nonblocking::Request;
 pub(crate) use validate::{check_rank, check_state};

@@ -6,7 +6,6 @@ use crate::runtime::State;
 use crate::schedule::{inplace_layout, Coll};
 use crate::types::{Element, ReduceOp};
 use crate::{Error, Result};
-use std::sync::atomic::Ordering;
 
 impl Communicator {
     pub(crate) fn per_rank(&self, len: usize) -> Result<usize> {
@@ -108,8 +107,13 @@ pub(crate) fn check_rank(nranks: usize, rank: usize) -> Result<()> {
 }
 
 pub(crate) fn check_state(sh: &Shared, st: &State) -> Result<()> {
-    if sh.aborted.load(Ordering::SeqCst) {
-        return Err(Error::comm_aborted().with_rank(sh.rank));
+    if sh.stopped() {
+        return Err(sh.stop_error());
+    }
+    if st.suspended {
+        return Err(Error::invalid_usage("communicator is suspended (ncclCommSuspend): resume it first")
+            .with_cause(oxccl_transport::Cause::Suspended)
+            .with_rank(sh.rank));
     }
     if let Some(e) = &st.error {
         let mut e2 = Error::new(e.kind, format!("communicator failed earlier: {e}"));

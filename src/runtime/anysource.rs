@@ -36,8 +36,8 @@ impl Shared {
             if let Some(p) = self.head_send(peers)? {
                 return Ok(p);
             }
-            if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(Error::comm_aborted().with_rank(self.rank).with_op(RECV_ANY));
+            if self.stopped() {
+                return Err(self.stop_error().with_op(RECV_ANY));
             }
             let now = Instant::now();
             if now >= store_at {

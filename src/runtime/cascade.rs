@@ -14,6 +14,9 @@ impl Shared {
     /// and publish the error in the store (in the background: the store may be gone too), so
     /// every rank can name the first failure.
     pub(crate) fn set_error(&self, e: Error) {
+        if self.revoked.load(Ordering::SeqCst) {
+            return; // stopped on purpose, connections closed already: not a failure
+        }
         let conns = {
             let mut st = self.state.lock().unwrap();
             if st.error.is_some() {

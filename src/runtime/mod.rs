@@ -3,6 +3,7 @@
 
 mod anysource;
 mod cascade;
+mod elastic;
 mod net;
 mod recorder;
 mod setup;
@@ -10,7 +11,7 @@ mod tune;
 
 pub(crate) use anysource::RECV_ANY;
 pub(crate) use net::transports;
-pub(crate) use setup::Setup;
+pub(crate) use setup::{Setup, WaitFor};
 
 use crate::config::Config;
 use crate::exec::{Conns, DriveComm};
@@ -38,7 +39,13 @@ pub(crate) struct State {
     pub(crate) pending_rx: Vec<Option<Box<dyn oxccl_transport::PendingRecv>>>,
     /// Where the next any-source receive starts looking (rotates, for fairness).
     pub(crate) any_turn: usize,
+    /// Splits and shrinks made from this communicator (each names its store namespace).
     pub(crate) splits: u64,
+    /// Grows joined from this communicator, and the grow id this rank made for the next one.
+    pub(crate) grows: u64,
+    pub(crate) grow_id: Option<crate::bootstrap::UniqueId>,
+    /// Suspended: connections released, operations refused until resumed.
+    pub(crate) suspended: bool,
     pub(crate) error: Option<Error>,
     /// Schedules built recently, keyed by their parameters (training loops repeat operations).
     pub(crate) sched_cache: std::collections::HashMap<SchedKey, Arc<crate::schedule::Schedule>>,
@@ -78,6 +85,9 @@ pub(crate) struct Shared {
     pub(crate) held: Held,
     pub(crate) state: Mutex<State>,
     pub(crate) aborted: AtomicBool,
+    /// Revoked ([`Shared::revoke`]): operations stop, as on abort, but destroy, split and shrink
+    /// still work.
+    pub(crate) revoked: AtomicBool,
     /// Whether `state.error` is set (read without the lock before each poll).
     pub(crate) failed: AtomicBool,
     pub(crate) abort_bell: Doorbell,
@@ -117,11 +127,14 @@ impl DriveComm for Shared {
         f(&mut self.state.lock().unwrap().conns)
     }
     fn aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
+        self.stopped()
     }
     fn failure(&self) -> Option<Error> {
-        if self.aborted() {
+        if self.aborted.load(Ordering::SeqCst) {
             return Some(Error::comm_aborted().with_rank(self.rank));
+        }
+        if self.revoked.load(Ordering::SeqCst) {
+            return Some(Error::comm_revoked().with_rank(self.rank));
         }
         if self.failed.load(Ordering::Acquire) {
             return self.sticky_error();

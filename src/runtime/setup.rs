@@ -5,7 +5,6 @@ use super::*;
 use crate::schedule::Fingerprint;
 use crate::{Error, Result};
 use oxccl_transport::{Cause, Transport};
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// A setup blob as published: the transport's name (one length byte, then the name), then the
@@ -31,6 +30,29 @@ pub(crate) fn untag_blob(b: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((name, &b[1 + n..]))
 }
 
+/// What a store wait is for, in its messages: "{stage}: rank 3 waiting for rank 1 to {to}",
+/// "{stage}: rank 1 died, {before}".
+#[derive(Clone, Copy)]
+pub(crate) struct WaitFor<'a> {
+    pub(crate) stage: &'a str,
+    pub(crate) to: &'a str,
+    pub(crate) before: &'a str,
+    /// What the wait is for, when it is not a collective.
+    pub(crate) what: &'a str,
+    /// Whether revoke ends the wait (it does for an operation's connection setup; membership
+    /// changes such as shrink run on revoked communicators).
+    pub(crate) revocable: bool,
+}
+
+/// Connection setup's wording.
+pub(crate) const CONNECTING: WaitFor<'static> = WaitFor {
+    stage: "connection setup",
+    to: "connect",
+    before: "before connecting",
+    what: "its first operation",
+    revocable: true,
+};
+
 impl Shared {
     /// The first transport of the list that connects this rank to `peer`.
     pub(crate) fn transport_for<'s>(&self, st: &'s State, peer: usize) -> &'s dyn Transport {
@@ -50,14 +72,27 @@ impl Shared {
         peer: usize,
         doing: Option<&(u64, String)>,
     ) -> Result<Vec<u8>> {
+        self.wait_key_for(key, deadline, peer, doing, &CONNECTING)
+    }
+
+    /// [`Shared::wait_key`] for another stage than connection setup (the wording of its messages).
+    pub(crate) fn wait_key_for(
+        &self,
+        key: &str,
+        deadline: Instant,
+        peer: usize,
+        doing: Option<&(u64, String)>,
+        why: &WaitFor<'_>,
+    ) -> Result<Vec<u8>> {
+        let WaitFor { stage, to, before, what, revocable } = *why;
         let started = Instant::now();
         let mut next_report = self.cfg.wait_report.map(|r| started + r);
         let mut watch = crate::beacon::Watch::default();
-        let what = doing.map_or_else(|| "its first operation".to_string(), |(s, w)| format!("{w} #{s}"));
+        let what = doing.map_or_else(|| what.to_string(), |(s, w)| format!("{w} #{s}"));
         let (me, p) = (&self.peers[self.rank], &self.peers[peer]);
         // a peer that will never connect: said at once, not at the timeout
         let gone = |how: String, cause: Cause| {
-            Error::remote(format!("connection setup: rank {peer} {how}, before connecting (for {what})"))
+            Error::remote(format!("{stage}: rank {peer} {how}, {before} (for {what})"))
                 .with_rank(self.rank)
                 .with_peer(peer)
                 .with_cause(cause)
@@ -68,7 +103,7 @@ impl Shared {
                 crate::log::notice(
                     Some(self.rank),
                     &format!(
-                        "connection setup: rank {} waiting for rank {peer} to connect for {what}, {:.0} of {:.0} s",
+                        "{stage}: rank {} waiting for rank {peer} to {to} for {what}, {:.0} of {:.0} s",
                         self.rank,
                         (now - started).as_secs_f64(),
                         self.cfg.timeout.as_secs_f64()
@@ -76,8 +111,8 @@ impl Shared {
                 );
                 next_report = self.cfg.wait_report.map(|r| now + r);
             }
-            if self.aborted.load(Ordering::SeqCst) {
-                return Err(Error::comm_aborted().with_rank(self.rank));
+            if self.aborted.load(std::sync::atomic::Ordering::SeqCst) || (revocable && self.stopped()) {
+                return Err(self.stop_error());
             }
             // on this machine its pid tells
             if p.machine == me.machine && !oxccl_transport::process_alive(p.pid) {
@@ -116,7 +151,7 @@ impl Shared {
                 }
                 Err(e) if e.kind == crate::ErrorKind::Timeout => {
                     return Err(Error::timeout(format!(
-                        "connection setup: rank {peer} did not take part within {:.1} s",
+                        "{stage}: rank {peer} did not take part within {:.1} s",
                         self.cfg.timeout.as_secs_f64()
                     ))
                     .with_rank(self.rank)

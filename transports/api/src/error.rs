@@ -64,6 +64,11 @@ pub enum Cause {
     Mismatch,
     /// This rank's communicator was aborted.
     Aborted,
+    /// This rank's communicator was revoked: its operations were stopped, and only destroy,
+    /// split and shrink remain.
+    Revoked,
+    /// This rank's communicator is suspended (its connections released) until resumed.
+    Suspended,
 }
 
 /// An oxccl error: a category plus the context needed to find the culprit
@@ -115,6 +120,11 @@ impl Error {
     /// The error of any call on a communicator this rank aborted ([`Cause::Aborted`]).
     pub fn comm_aborted() -> Self {
         Self::invalid_usage("communicator was aborted").with_cause(Cause::Aborted)
+    }
+    /// The error of operations on a communicator this rank revoked ([`Cause::Revoked`]).
+    pub fn comm_revoked() -> Self {
+        Self::invalid_usage("communicator was revoked: only destroy, split and shrink are allowed on it")
+            .with_cause(Cause::Revoked)
     }
     /// Attach the cause (kept if already set).
     pub fn with_cause(mut self, cause: Cause) -> Self {
