@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 /// Every exported function name (each also exported with a `p` prefix), for the header tests.
 pub fn exported() -> Vec<&'static str> {
-    [EXPORTED_CORE, collconfig::EXPORTED, devapi::EXPORTED, encryption::EXPORTED].concat()
+    [EXPORTED_CORE, collconfig::EXPORTED, devapi::EXPORTED, elastic::EXPORTED, encryption::EXPORTED].concat()
 }
 
 pub(crate) static ERROR_STRINGS: [&CStr; 10] = [
@@ -171,29 +171,13 @@ export! {
         })
     }
 
-    /// `ncclCommShrink` (not implemented yet; `ncclCommSplit` excluding ranks does the same on a healthy communicator).
-    fn ncclCommShrink / pncclCommShrink(comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int) -> ncclResult_t {
-        let _ = (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
-        boundary("ncclCommShrink", || not_implemented("ncclCommShrink"))
-    }
-
-    /// `ncclCommGetUniqueId` (not implemented yet).
-    fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
-        let _ = (comm, uniqueId);
-        boundary("ncclCommGetUniqueId", || not_implemented("ncclCommGetUniqueId"))
-    }
-
-    /// `ncclCommGrow` (not implemented yet).
-    fn ncclCommGrow / pncclCommGrow(comm: ncclComm_t, nRanks: c_int, uniqueId: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t {
-        let _ = (comm, nRanks, uniqueId, rank, newcomm, config);
-        boundary("ncclCommGrow", || not_implemented("ncclCommGrow"))
-    }
-
     /// `ncclCommFinalize`: completes every operation of the communicator.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
         boundary("ncclCommFinalize", || {
             let e = entry(comm)?;
-            e.ready()?;
+            if e.ready()?.revoked() {
+                return Err(Error::invalid_usage("ncclCommFinalize on a revoked communicator: destroy it"));
+            }
             e.wait_requests();
             let err = e.async_error.lock().unwrap().clone();
             match err {
@@ -232,30 +216,6 @@ export! {
         })
     }
 
-    /// `ncclCommRevoke` (not implemented yet).
-    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
-        let _ = (comm, revokeFlags);
-        boundary("ncclCommRevoke", || not_implemented("ncclCommRevoke"))
-    }
-
-    /// `ncclCommSuspend` (not implemented yet).
-    fn ncclCommSuspend / pncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
-        let _ = (comm, flags);
-        boundary("ncclCommSuspend", || not_implemented("ncclCommSuspend"))
-    }
-
-    /// `ncclCommResume` (not implemented yet).
-    fn ncclCommResume / pncclCommResume(comm: ncclComm_t) -> ncclResult_t {
-        let _ = comm;
-        boundary("ncclCommResume", || not_implemented("ncclCommResume"))
-    }
-
-    /// `ncclCommMemStats` (not implemented yet).
-    fn ncclCommMemStats / pncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
-        let _ = (comm, stat, value);
-        boundary("ncclCommMemStats", || not_implemented("ncclCommMemStats"))
-    }
-
     /// `ncclGetErrorString`: NCCL's exact texts.
     fn ncclGetErrorString / pncclGetErrorString(result: ncclResult_t) -> *const c_char {
         let i = usize::try_from(result).ok().filter(|&i| i < 9).unwrap_or(9);
@@ -277,6 +237,12 @@ export! {
             }
             let state = match e.ready() {
                 Err(err) => result_of(&err),
+                // revoked: in progress until nothing runs, then success (its stopped operations
+                // are not errors)
+                Ok(c) if c.revoked() => match e.poll_requests() || !c.quiescent() {
+                    true => ncclInProgress,
+                    false => ncclSuccess,
+                },
                 Ok(c) => {
                     if e.poll_requests() {
                         ncclInProgress

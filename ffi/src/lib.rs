@@ -66,6 +66,7 @@ mod collconfig;
 mod config;
 mod devapi;
 mod device;
+mod elastic;
 mod encryption;
 mod errors;
 mod exports;

@@ -46,9 +46,11 @@ run_all() {
   if [ "$SUFFIX" != .asan ]; then
     "$OUT/fork$SUFFIX" 3 2>"$OUT/fork.err" || { cat "$OUT/fork.err"; exit 1; }
     if grep -E "panicked|should not terminate|failed to join" "$OUT/fork.err"; then exit 1; fi
+    # kill -9, shrink, grow with a new process; revoke; suspend (forks after threads exist, too)
+    "$OUT/elastic$SUFFIX"
   fi
 }
-TESTS=(colls groups badargs collconfig fork lifetimes)
+TESTS=(colls groups badargs collconfig fork lifetimes elastic)
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 SUFFIX="" ; for t in "${TESTS[@]}"; do build $t; done
 echo "== C tests"; run_all
@@ -77,5 +79,6 @@ if [ "${1:-}" != "--no-sanitizers" ]; then
   "${VG[@]}" "$OUT/colls" 2 >/dev/null
   "${VG[@]}" "$OUT/collconfig" 2 >/dev/null 2>"$OUT/collconfig.vg.log" || { cat "$OUT/collconfig.vg.log"; exit 1; }
   "${VG[@]}" "$OUT/fork" 2 >/dev/null
+  "${VG[@]}" "$OUT/elastic" >/dev/null
 fi
 echo "C tests: OK"

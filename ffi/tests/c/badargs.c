@@ -202,9 +202,47 @@ int main(void) {
     EXPECT(v == NCCL_VERSION_CODE, "version %d", v);
   }
   /* unimplemented functions say so by name */
-  EXPECT_RC(ncclCommRevoke(comm, 0), ncclInvalidUsage);
-  EXPECT(strstr(ncclGetLastError(NULL), "ncclCommRevoke") && strstr(ncclGetLastError(NULL), "not implemented"),
+  EXPECT_RC(ncclCommWindowRegister(comm, NULL, 0, NULL, 0), ncclInvalidUsage);
+  EXPECT(strstr(ncclGetLastError(NULL), "ncclCommWindowRegister") && strstr(ncclGetLastError(NULL), "not implemented"),
          "message: %s", ncclGetLastError(NULL));
+  /* shrink, grow, revoke, suspend: every bad argument, and the communicator is untouched */
+  {
+    ncclComm_t nc = NULL;
+    int self[1] = {0}, out[1] = {1}, dup[2] = {0, 0};
+    EXPECT_RC(ncclCommShrink(comm, self, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument); /* every rank */
+    EXPECT(strstr(ncclGetLastError(NULL), "its own exclude list"), "message: %s", ncclGetLastError(NULL));
+    EXPECT_RC(ncclCommShrink(comm, out, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "out of range"), "message: %s", ncclGetLastError(NULL));
+    EXPECT_RC(ncclCommShrink(comm, dup, 2, &nc, NULL, NCCL_SHRINK_ABORT), ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "listed twice"), "message: %s", ncclGetLastError(NULL));
+    EXPECT_RC(ncclCommShrink(comm, NULL, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    EXPECT_RC(ncclCommShrink(comm, out, -1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    EXPECT_RC(ncclCommShrink(comm, out, 1, NULL, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    EXPECT_RC(ncclCommShrink(comm, out, 1, &nc, NULL, 5), ncclInvalidArgument);
+    EXPECT_RC(ncclCommShrink(NULL, out, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    EXPECT(nc == NULL, "no communicator made");
+    ncclUniqueId gid;
+    EXPECT_RC(ncclCommGetUniqueId(comm, NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclCommGetUniqueId(NULL, &gid), ncclInvalidArgument);
+    EXPECT_RC(ncclCommGrow(comm, 2, NULL, -1, NULL, NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclCommGrow(NULL, 2, NULL, 1, &nc, NULL), ncclInvalidArgument); /* a newcomer needs the id */
+    EXPECT_RC(ncclCommGrow(comm, 0, NULL, -1, &nc, NULL), ncclInvalidArgument);
+    EXPECT_RC(ncclCommGrow(comm, 1, NULL, -1, &nc, NULL), ncclInvalidArgument); /* not larger */
+    EXPECT_RC(ncclCommGrow(comm, 2, NULL, 3, &nc, NULL), ncclInvalidArgument);  /* a member passes -1 */
+    memset(&gid, 0x5a, sizeof gid);
+    EXPECT_RC(ncclCommGrow(NULL, 2, &gid, 1, &nc, NULL), ncclInvalidArgument); /* not an id */
+    EXPECT(nc == NULL, "no communicator made");
+    EXPECT_RC(ncclCommRevoke(comm, 7), ncclInvalidArgument);
+    EXPECT_RC(ncclCommRevoke(NULL, 0), ncclInvalidArgument);
+    EXPECT_RC(ncclCommSuspend(comm, 0), ncclInvalidArgument);
+    EXPECT_RC(ncclCommSuspend(NULL, NCCL_SUSPEND_MEM), ncclInvalidArgument);
+    EXPECT_RC(ncclCommResume(comm), ncclInvalidUsage); /* not suspended */
+    uint64_t v = 7;
+    EXPECT_RC(ncclCommMemStats(comm, (ncclCommMemStat_t)9, &v), ncclInvalidArgument);
+    EXPECT_RC(ncclCommMemStats(comm, ncclStatGpuMemSuspended, NULL), ncclInvalidArgument);
+    CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspended, &v));
+    EXPECT(v == 0, "suspended %lu", (unsigned long)v);
+  }
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   EXPECT_RC(ncclGroupSimulateEnd(&sim), ncclInvalidUsage);
   /* group misuse */
