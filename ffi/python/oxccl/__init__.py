@@ -91,6 +91,13 @@ def lib():
             "ncclCommUserRank": [vp, ctypes.POINTER(ci)],
             "ncclCommGetAsyncError": [vp, ctypes.POINTER(ci)],
             "ncclCommSplit": [vp, ci, ci, ctypes.POINTER(vp), vp],
+            "ncclCommShrink": [vp, ctypes.POINTER(ci), ci, ctypes.POINTER(vp), vp, ci],
+            "ncclCommRevoke": [vp, ci],
+            "ncclCommGetUniqueId": [vp, ctypes.c_char_p],
+            "ncclCommGrow": [vp, ci, ctypes.c_char_p, ci, ctypes.POINTER(vp), vp],
+            "ncclCommSuspend": [vp, ci],
+            "ncclCommResume": [vp],
+            "ncclCommMemStats": [vp, ci, ctypes.POINTER(ctypes.c_uint64)],
             "ncclAllReduce": [vp, vp, sz, ci, ci, vp, vp],
             "ncclBroadcast": [vp, vp, sz, ci, ci, vp, vp],
             "ncclReduce": [vp, vp, sz, ci, ci, ci, vp, vp],
@@ -217,6 +224,58 @@ class Comm:
         c = -1 if color is None else color
         _check(lib().ncclCommSplit(self._h(), c, key, ctypes.byref(h), None), "ncclCommSplit")
         return Comm(h.value) if h.value else None
+
+    # ---- fault tolerance (ncclCommShrink, ncclCommRevoke, ncclCommGrow, suspend) ----------
+
+    def shrink(self, exclude, abort=False):
+        """ncclCommShrink: a communicator of the ranks not in ``exclude`` (renumbered in order);
+        only they call it. ``abort``: NCCL_SHRINK_ABORT (revoke what is outstanding first)."""
+        arr = (ctypes.c_int * max(1, len(exclude)))(*exclude)
+        h = ctypes.c_void_p()
+        code = lib().ncclCommShrink(self._h(), arr, len(exclude), ctypes.byref(h), None, 1 if abort else 0)
+        _check(code, "ncclCommShrink")
+        return Comm(h.value)
+
+    def revoke(self):
+        """ncclCommRevoke: stop every operation here; True once nothing runs any more."""
+        return _check(lib().ncclCommRevoke(self._h(), 0), "ncclCommRevoke", allow_in_progress=True) == SUCCESS
+
+    def grow_id(self):
+        """ncclCommGetUniqueId: the single-use id of the next grow, for the newcomers."""
+        buf = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+        _check(lib().ncclCommGetUniqueId(self._h(), buf), "ncclCommGetUniqueId")
+        return buf.raw
+
+    def grow(self, nranks, unique_id=None):
+        """ncclCommGrow as a member (keeps its rank); ``unique_id`` only on the rank that made it."""
+        h = ctypes.c_void_p()
+        uid = None if unique_id is None else bytes(unique_id)
+        _check(lib().ncclCommGrow(self._h(), nranks, uid, -1, ctypes.byref(h), None), "ncclCommGrow")
+        return Comm(h.value)
+
+    @classmethod
+    def join_grow(cls, nranks, unique_id, rank):
+        """ncclCommGrow as a newcomer: the id from a member, and one of the new ranks."""
+        if len(unique_id) != UNIQUE_ID_BYTES:
+            raise ValueError(f"a unique id has {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
+        h = ctypes.c_void_p()
+        _check(lib().ncclCommGrow(None, nranks, bytes(unique_id), rank, ctypes.byref(h), None), "ncclCommGrow")
+        return cls(h.value)
+
+    def suspend(self):
+        """ncclCommSuspend(NCCL_SUSPEND_MEM): release the connections until ``resume``."""
+        _check(lib().ncclCommSuspend(self._h(), 1), "ncclCommSuspend")
+
+    def resume(self):
+        _check(lib().ncclCommResume(self._h()), "ncclCommResume")
+
+    def mem_stats(self):
+        """ncclCommMemStats: (bytes suspend releases, suspended)."""
+        v = ctypes.c_uint64()
+        _check(lib().ncclCommMemStats(self._h(), 0, ctypes.byref(v)), "ncclCommMemStats")
+        b = v.value
+        _check(lib().ncclCommMemStats(self._h(), 1, ctypes.byref(v)), "ncclCommMemStats")
+        return b, bool(v.value)
 
     def all_reduce(self, send, recv, count, dtype, op):
         _check(lib().ncclAllReduce(send, recv, count, dtype, op, self._h(), self.stream), "ncclAllReduce")

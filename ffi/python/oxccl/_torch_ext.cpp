@@ -10,6 +10,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
 
 #include <atomic>
 #include <chrono>
@@ -319,6 +320,25 @@ class OxBackend : public c10d::Backend {
   void abort() override {
     py::gil_scoped_acquire gil;
     impl_.attr("abort")();
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+  // dist.shrink_group: only the ranks that stay call it; a new backend of those ranks
+  bool supportsShrinking() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranks,
+      int flags,
+      const c10::intrusive_ptr<Options>& /*opts_override*/) override {
+    py::gil_scoped_acquire gil;
+    py::object impl = impl_.attr("shrink")(ranks, flags);
+    return c10::make_intrusive<OxBackend>(impl.attr("rank")().cast<int>(), impl.attr("size")().cast<int>(), impl);
+  }
+#endif
+  // torchft's errored(): the first failure of this group's operations, as c10d's ErrorType
+  c10d::ErrorType getError() override {
+    py::gil_scoped_acquire gil;
+    return static_cast<c10d::ErrorType>(impl_.attr("error_type")().cast<int>());
   }
   void shutdown() override {
     py::gil_scoped_acquire gil;

@@ -40,7 +40,7 @@ from oxccl import _ext
 from oxccl._torch_moves import Moves
 from oxccl._torch_ops import Ops, cuda_tensor, flat_tensors
 
-__all__ = ["register", "backend_impl"]
+__all__ = ["register", "backend_impl", "shrink_group", "grow_id", "grow_group", "join_grown_group"]
 
 _EXT = _ext.load()
 
@@ -64,18 +64,22 @@ class Impl(Ops, Moves):
 
     _UID_KEY = "oxccl_uid"
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size, timeout, comm=None):
         self._rank, self._size = rank, size
         self._timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
-        if rank == 0:
-            store.set(self._UID_KEY, _ox.get_unique_id())
-        else:
-            store.wait([self._UID_KEY], self._timeout)
-        uid = bytes(store.get(self._UID_KEY))
-        # the group's timeout bounds every wait of this communicator (not the process's)
+        if comm is None:
+            if rank == 0:
+                store.set(self._UID_KEY, _ox.get_unique_id())
+            else:
+                store.wait([self._UID_KEY], self._timeout)
+            uid = bytes(store.get(self._UID_KEY))
+            # the group's timeout bounds every wait of this communicator (not the process's)
+            comm = _ox.Comm.init_rank(size, uid, rank, timeout=max(1.0, self._timeout.total_seconds()))
         self._store = store  # monitored_barrier's channel
         self._monitored = 0
-        self._comm = _ox.Comm.init_rank(size, uid, rank, timeout=max(1.0, self._timeout.total_seconds()))
+        self._comm = comm
+        self._error = 0  # c10d's ErrorType of the first failure: torchft's errored()
+        self._changes = 0  # shrinks and grows made from this group (their store prefixes)
         self._blocking = False  # set by the C++ Backend around a call whose caller waits at once
         self._coalesced = None  # (fn, work) recorded between start_ and end_coalescing
         self._queue = queue.Queue()
@@ -104,6 +108,9 @@ class Impl(Ops, Moves):
         try:
             source = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the waiters
+            if not self._error:
+                code = getattr(e, "code", None)
+                self._error = {_TIMEOUT: 1, _REMOTE: 3}.get(code, 2)
             msg = _message(e, self._rank, what, ms)
             for w in works:
                 _EXT.complete(w, msg)
@@ -228,11 +235,91 @@ class Impl(Ops, Moves):
             finally:
                 self._comm = None
 
+    def error_type(self):
+        """c10d's ErrorType of the first failed operation (0: none, 1: timeout, 2: this rank's
+        communicator, 3: a peer), for ``errored()``."""
+        return self._error
+
+    # ---- shrink and grow ----------------------------------------------------------------
+
+    def _child(self, comm, store):
+        return Impl(store, comm.rank(), comm.size(), self._timeout, comm=comm)
+
+    def shrink(self, ranks_to_exclude, shrink_flags):
+        """dist.shrink_group: SHRINK_DEFAULT lets queued operations finish first; SHRINK_ABORT
+        revokes them (they fail), as after a peer died."""
+        if self._comm is None:
+            raise RuntimeError("oxccl backend: the process group was shut down or aborted")
+        abort = bool(shrink_flags & 1)
+        if not abort:
+            self._queue.join()
+        self._changes += 1
+        store = dist.PrefixStore(f"oxccl_shrink{self._changes}/", self._store)
+        return self._child(self._comm.shrink(list(ranks_to_exclude), abort=abort), store)
+
+    def grow(self, nranks, unique_id, store):
+        """A member's part of ``grow_group`` (``store``: the new group's, as the newcomers')."""
+        if self._comm is None:
+            raise RuntimeError("oxccl backend: the process group was shut down or aborted")
+        self._queue.join()
+        return self._child(self._comm.grow(nranks, unique_id), store)
+
+    def grow_id(self):
+        return self._comm.grow_id()
+
     def abort(self):
         if self._comm is not None:
             comm, self._comm = self._comm, None
             comm.abort()
             self._queue.put(None)
+
+
+def _group_of(impl, store, name):
+    """A ProcessGroup whose CPU and CUDA backend is ``impl`` (as dist.shrink_group builds one)."""
+    backend = _EXT.new_backend(impl.rank(), impl.size(), impl)
+    pg = dist.ProcessGroup(store, impl.rank(), impl.size())
+    for dev in ("cpu", "cuda"):
+        pg._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.CUSTOM, backend)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+    pg._set_group_name(name)
+    return pg
+
+
+def shrink_group(ranks_to_exclude, group=None, shrink_flags=0, pg_options=None):
+    """``dist.shrink_group``, and the new group's backend registered as what it is (a custom
+    backend): torch registers a shrunk CPU group's backend as gloo's, and DDP's logger then
+    treats ours as a ProcessGroupGloo and crashes (torch 2.15)."""
+    pg = dist.shrink_group(ranks_to_exclude, group=group, shrink_flags=shrink_flags, pg_options=pg_options)
+    backend = pg._get_backend(torch.device("cpu"))
+    _EXT.backend_impl(backend)  # ours (raises otherwise)
+    for dev in ("cpu", "cuda"):
+        pg._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.CUSTOM, backend)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+    return pg
+
+
+def grow_id(group=None):
+    """On one member: the single-use id of the next grow (``ncclCommGetUniqueId``); hand it to
+    the newcomers out of band (the job's store, say)."""
+    return backend_impl(group).grow_id()
+
+
+def grow_group(nranks, store, group=None, unique_id=None, name="oxccl_grown"):
+    """Grow ``group`` (default: the world) to ``nranks`` ranks, as a member: every member calls
+    it and keeps its rank; the one that made the id may pass it. ``store`` and ``name`` are the
+    new group's, the same on the newcomers (``join_grown_group``). Returns a ProcessGroup: pass
+    it as ``group=`` or to DDP."""
+    store = dist.PrefixStore(f"{name}/", store)
+    impl = backend_impl(group).grow(nranks, unique_id, store)
+    return _group_of(impl, store, name)
+
+
+def join_grown_group(unique_id, nranks, rank, store, timeout=timedelta(seconds=600), name="oxccl_grown"):
+    """A newcomer's side of ``grow_group``: no process group needed, only the id, a rank from
+    the old size up, and the new group's ``store`` and ``name``."""
+    store = dist.PrefixStore(f"{name}/", store)
+    comm = _ox.Comm.join_grow(nranks, unique_id, rank)
+    return _group_of(Impl(store, rank, nranks, timeout, comm=comm), store, name)
 
 
 def backend_impl(group=None):
