@@ -112,6 +112,17 @@ impl UniqueId {
         Ok(SocketAddr::new(ip, port))
     }
 
+    /// Another job on the same store: the same address and secret, a job id derived from this
+    /// one's and `salt`. Each salt is a fresh namespace on the one store (torch's reconfigure:
+    /// one handle, a new communicator per instance). The store's server is not handed to the
+    /// communicators of derived ids: it stays with the process that made this id.
+    pub fn derive(&self, salt: u64) -> Result<UniqueId> {
+        let addr = self.addr()?;
+        let h = blake3::hash(&[&self.job()[..], &salt.to_le_bytes()].concat());
+        let job: [u8; 8] = h.as_bytes()[..8].try_into().unwrap();
+        Ok(UniqueId::encode(addr, &self.secret(), &job))
+    }
+
     fn secret(&self) -> [u8; 32] {
         self.0[24..56].try_into().unwrap()
     }
@@ -624,6 +635,19 @@ mod tests {
         assert!(UniqueId::from_hex("zz").is_err());
         assert!(UniqueId::from_hex(&"00".repeat(128)).is_err(), "zero id has no magic");
         assert!(UniqueId([0; 128]).addr().is_err());
+    }
+
+    #[test]
+    fn derived_ids_keep_the_store_and_secret_and_differ_by_salt() {
+        let id = UniqueId::encode("10.1.2.3:4567".parse().unwrap(), &[7; 32], &[1; 8]);
+        let (a, b) = (id.derive(1).unwrap(), id.derive(2).unwrap());
+        for d in [a, b] {
+            assert_eq!((d.addr().unwrap(), d.secret()), (id.addr().unwrap(), id.secret()));
+            assert_ne!(d.job(), id.job());
+        }
+        assert_ne!(a.job(), b.job());
+        assert_eq!(id.derive(1).unwrap(), a, "deterministic: every rank derives the same");
+        assert!(UniqueId([0; 128]).derive(1).is_err());
     }
 
     #[test]

@@ -354,14 +354,20 @@ fn kill_shrink_grow(test: &str, hosts: [&[&str]; 5]) {
     assert!(to_shrunk < Duration::from_secs(10), "{to_shrunk:?}");
 }
 
+/// In a child process: play its role (member or newcomer) and say so.
+fn play_role() -> bool {
+    let Some((role, rank, n, id)) = role() else { return false };
+    match role.as_str() {
+        "member" => member(rank, n, id),
+        _ => newcomer(rank, n, id),
+    }
+    true
+}
+
 #[test]
 fn kill_9_then_shrink_then_grow_with_a_new_process() {
     const T: &str = "kill_9_then_shrink_then_grow_with_a_new_process";
-    if let Some((role, rank, n, id)) = role() {
-        match role.as_str() {
-            "member" => member(rank, n, id),
-            _ => newcomer(rank, n, id),
-        }
+    if play_role() {
         return;
     }
     kill_shrink_grow(T, [&[], &[], &[], &[], &[]]);
@@ -373,11 +379,7 @@ fn kill_9_then_shrink_then_grow_with_a_new_process() {
 #[ignore = "needs root and network namespaces (run by .ci/run)"]
 fn kill_9_then_shrink_then_grow_across_namespace_hosts() {
     const T: &str = "kill_9_then_shrink_then_grow_across_namespace_hosts";
-    if let Some((role, rank, n, id)) = role() {
-        match role.as_str() {
-            "member" => member(rank, n, id),
-            _ => newcomer(rank, n, id),
-        }
+    if play_role() {
         return;
     }
     let shared =

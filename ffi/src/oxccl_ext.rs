@@ -28,6 +28,33 @@ pub unsafe extern "C" fn oxcclCommInitRankTimeout(
     })
 }
 
+/// `oxcclUniqueIdDerive`: the id of a fresh job on `id`'s store (same address and secret), one
+/// per `salt`: communicators built on `*out` meet in their own namespace. The torch backend's
+/// reconfigure makes one communicator per instance this way from one handle.
+///
+/// # Safety
+/// `id` is NULL or points to one `ncclUniqueId`; `out` is NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn oxcclUniqueIdDerive(
+    id: *const ncclUniqueId,
+    salt: u64,
+    out: *mut ncclUniqueId,
+) -> ncclResult_t {
+    boundary("oxcclUniqueIdDerive", || {
+        if id.is_null() {
+            return Err(arg("id is NULL"));
+        }
+        // SAFETY: non-null: one ncclUniqueId (the function's contract).
+        let bytes: [u8; 128] = unsafe { (*id).internal }.map(|c| c as u8);
+        let derived = oxccl::UniqueId(bytes)
+            .derive(salt)
+            .map_err(|e| arg(format!("the unique id is not one from ncclGetUniqueId: {e}")))?;
+        // SAFETY: the caller's out-pointer (checked non-null by put).
+        unsafe { put(out, ncclUniqueId { internal: derived.0.map(|b| b as c_char) }, "out")? };
+        Ok(ncclSuccess)
+    })
+}
+
 /// `oxcclRecvAny`: `ncclRecv` from whichever rank sends to this one first (gloo's and MPI's
 /// any-source receive); the matched rank is written to `*source`. The peer sends with an
 /// ordinary `ncclSend`. Host memory only, outside a group, and blocking: it returns once the
@@ -86,6 +113,29 @@ mod tests {
         // SAFETY: a valid out-pointer.
         assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, ncclSuccess);
         id
+    }
+
+    /// A derived id names the same store (a communicator builds on it) in a namespace of its
+    /// own per salt; NULLs and ids that are not ids are argument errors.
+    #[test]
+    fn derived_ids_build_communicators_and_bad_input_is_refused() {
+        let id = uid();
+        let (mut a, mut b) = (ncclUniqueId { internal: [0; 128] }, ncclUniqueId { internal: [0; 128] });
+        // SAFETY: valid pointers.
+        unsafe {
+            assert_eq!(oxcclUniqueIdDerive(&id, 1, &mut a), ncclSuccess);
+            assert_eq!(oxcclUniqueIdDerive(&id, 2, &mut b), ncclSuccess);
+            assert_eq!(oxcclUniqueIdDerive(std::ptr::null(), 1, &mut a), ncclInvalidArgument);
+            assert_eq!(oxcclUniqueIdDerive(&id, 1, std::ptr::null_mut()), ncclInvalidArgument);
+            let zero = ncclUniqueId { internal: [0; 128] };
+            assert_eq!(oxcclUniqueIdDerive(&zero, 1, &mut b), ncclInvalidArgument);
+        }
+        assert_ne!(a.internal, id.internal);
+        let mut comm: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the communicator is destroyed below.
+        assert_eq!(unsafe { ncclCommInitRank(&mut comm, 1, a, 0) }, ncclSuccess);
+        // SAFETY: the communicator just made.
+        assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
     }
 
     /// Bad timeouts and a NULL out-pointer are clear argument errors; a good one makes a

@@ -7,7 +7,7 @@ use crate::bootstrap::{self, UniqueId};
 use crate::config::Config;
 use crate::runtime::WaitFor;
 use crate::{Error, Result};
-use oxccl_transport::{Cause, PeerInfo};
+use oxccl_transport::Cause;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -122,18 +122,7 @@ impl Communicator {
         };
         sh.gather_records(&base, mine.as_bytes(), &members, &SHRINK, &same)?;
         let t0 = Instant::now();
-        let peers: Vec<PeerInfo> =
-            members.iter().enumerate().map(|(i, &r)| PeerInfo { rank: i, ..sh.peers[r].clone() }).collect();
-        let rank = members.iter().position(|&r| r == me).expect("a survivor is a member");
-        let c = Self::assemble(
-            sh.store.clone(),
-            format!("{base}/c"),
-            sh.secret,
-            sh.held.clone(),
-            rank,
-            peers,
-            sh.cfg.clone(),
-        )?;
+        let c = self.subset(&members, format!("{base}/c"))?;
         tracing::info!(
             rank = me,
             "shrunk to {} ranks (excluded [{mine}]) in {:.1} ms",
@@ -150,11 +139,7 @@ impl Communicator {
     pub fn grow_id(&self) -> Result<UniqueId> {
         let sh = &self.sh;
         let _busy = self.enter()?;
-        let g = {
-            let st = sh.state.lock().unwrap();
-            check_state(sh, &st)?;
-            st.grows + 1
-        };
+        let g = self.next_grow()?;
         let base = format!("{}/grow{g}", sh.prefix);
         let made = sh.store.add(&format!("{base}/made"), 1).map_err(|e| sh.store_error(e, &GROW))?;
         if made != 1 {
@@ -176,11 +161,7 @@ impl Communicator {
     pub fn grow(&self, nranks: usize, id: Option<&UniqueId>) -> Result<Communicator> {
         let sh = &self.sh;
         let _busy = self.enter()?;
-        let g = {
-            let st = sh.state.lock().unwrap();
-            check_state(sh, &st)?;
-            st.grows + 1
-        };
+        let g = self.next_grow()?;
         if nranks <= sh.nranks {
             return Err(Error::invalid_argument(format!(
                 "grow to {nranks} ranks: must be more than the communicator's {}",
@@ -198,6 +179,13 @@ impl Communicator {
         st.grows = g;
         st.grow_id = None;
         res
+    }
+
+    /// The number of the next grow, on a communicator that can run one.
+    fn next_grow(&self) -> Result<u64> {
+        let st = self.sh.state.lock().unwrap();
+        check_state(&self.sh, &st)?;
+        Ok(st.grows + 1)
     }
 
     /// The id of grow `g`, published by the rank that made it.

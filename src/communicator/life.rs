@@ -258,19 +258,18 @@ impl Communicator {
             return Ok(None);
         }
         members.sort_unstable();
+        let order: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
+        self.subset(&order, format!("{base}/c{color}")).map(Some)
+    }
+
+    /// A communicator of `members` (ranks of this one, in their new order; this rank among
+    /// them) in the store namespace `prefix`, on this one's store and settings.
+    pub(super) fn subset(&self, members: &[usize], prefix: String) -> Result<Communicator> {
+        let sh = &self.sh;
         let peers: Vec<PeerInfo> =
-            members.iter().enumerate().map(|(i, &(_, r))| PeerInfo { rank: i, ..sh.peers[r].clone() }).collect();
-        let rank = members.iter().position(|&(_, r)| r == sh.rank).unwrap();
-        Self::assemble(
-            sh.store.clone(),
-            format!("{base}/c{color}"),
-            sh.secret,
-            sh.held.clone(),
-            rank,
-            peers,
-            sh.cfg.clone(),
-        )
-        .map(Some)
+            members.iter().enumerate().map(|(i, &r)| PeerInfo { rank: i, ..sh.peers[r].clone() }).collect();
+        let rank = members.iter().position(|&r| r == sh.rank).expect("this rank is a member");
+        Self::assemble(sh.store.clone(), prefix, sh.secret, sh.held.clone(), rank, peers, sh.cfg.clone())
     }
 
     /// The communicator's id: a hash of its namespace, the same on every rank (it is in every

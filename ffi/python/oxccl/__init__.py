@@ -109,6 +109,7 @@ def lib():
             "ncclSend": [vp, sz, ci, ci, vp, vp],
             "ncclRecv": [vp, sz, ci, ci, vp, vp],
             "oxcclRecvAny": [vp, sz, ci, ctypes.POINTER(ci), vp, vp],
+            "oxcclUniqueIdDerive": [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p],
             "ncclGroupStart": [],
             "ncclGroupEnd": [],
             "ncclRedOpCreatePreMulSum": [ctypes.POINTER(ci), vp, ci, ci, vp],
@@ -155,6 +156,13 @@ def get_unique_id():
     buf = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
     _check(lib().ncclGetUniqueId(buf), "ncclGetUniqueId")
     return buf.raw
+
+
+def derive_unique_id(unique_id, salt):
+    """The id of a fresh job on ``unique_id``'s store (``oxcclUniqueIdDerive``): one per salt."""
+    out = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+    _check(lib().oxcclUniqueIdDerive(bytes(unique_id), salt & (2**64 - 1), out), "oxcclUniqueIdDerive")
+    return out.raw
 
 
 class group:

@@ -335,6 +335,31 @@ class OxBackend : public c10d::Backend {
     return c10::make_intrusive<OxBackend>(impl.attr("rank")().cast<int>(), impl.attr("size")().cast<int>(), impl);
   }
 #endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+  // dist._reconfigure: a handle per rank, exchanged out of band; a new communicator per uuid
+  bool supportsReconfigure() const override {
+    return true;
+  }
+  c10d::ReconfigureHandle get_reconfigure_handle() const override {
+    py::gil_scoped_acquire gil;
+    return impl_.attr("get_reconfigure_handle")().cast<std::string>();
+  }
+  c10::intrusive_ptr<Work> reconfigure(const c10d::ReconfigureOptions& o) override {
+    py::gil_scoped_acquire gil;
+    py::list handles;
+    bool ordered = std::holds_alternative<std::vector<std::string>>(o.handles);
+    if (ordered) {
+      for (const auto& h : std::get<std::vector<std::string>>(o.handles)) handles.append(h);
+    } else {
+      for (const auto& h : std::get<std::unordered_set<std::string>>(o.handles)) handles.append(h);
+    }
+    int64_t timeout_ms = o.timeout ? o.timeout->count() : -1;
+    py::object w = impl_.attr("reconfigure")(o.uuid, handles, ordered, timeout_ms);
+    rank_ = impl_.attr("rank")().cast<int>();
+    size_ = impl_.attr("size")().cast<int>();
+    return w.cast<c10::intrusive_ptr<Work>>();
+  }
+#endif
   // torchft's errored(): the first failure of this group's operations, as c10d's ErrorType
   c10d::ErrorType getError() override {
     py::gil_scoped_acquire gil;

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 import oxccl as _ox
 from oxccl import _ext
+from oxccl._torch_elastic import Elastic
 from oxccl._torch_moves import Moves
 from oxccl._torch_ops import Ops, cuda_tensor, flat_tensors
 
@@ -59,15 +60,19 @@ def _message(e, rank, what, ms):
     return str(e)
 
 
-class Impl(Ops, Moves):
+class Impl(Ops, Moves, Elastic):
     """What the C++ Backend calls: one communicator, one worker thread."""
+
+    _ext = _EXT
 
     _UID_KEY = "oxccl_uid"
 
-    def __init__(self, store, rank, size, timeout, comm=None):
+    def __init__(self, store, rank, size, timeout, comm=None, reconfigure=False):
+        """``reconfigure``: torch's ``enable_reconfigure``: no communicator until ``reconfigure``."""
         self._rank, self._size = rank, size
         self._timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
-        if comm is None:
+        self._base_store, self._handle, self._reconfigured = store, None, reconfigure
+        if comm is None and not reconfigure:
             if rank == 0:
                 store.set(self._UID_KEY, _ox.get_unique_id())
             else:
@@ -82,9 +87,12 @@ class Impl(Ops, Moves):
         self._changes = 0  # shrinks and grows made from this group (their store prefixes)
         self._blocking = False  # set by the C++ Backend around a call whose caller waits at once
         self._coalesced = None  # (fn, work) recorded between start_ and end_coalescing
-        self._queue = queue.Queue()
         self._running = threading.Lock()  # held while an operation runs, in whichever thread
-        self._worker = threading.Thread(target=self._run, name=f"oxccl-rank{rank}", daemon=True)
+        self._start_worker()
+
+    def _start_worker(self):
+        self._queue = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name=f"oxccl-rank{self._rank}", daemon=True)
         self._worker.start()
 
     def rank(self):
@@ -125,6 +133,8 @@ class Impl(Ops, Moves):
         """Run `fn` (which returns the matched source of an any-source receive, or None) in order
         on the worker; returns its Work."""
         if self._comm is None:
+            if self._reconfigured:
+                raise RuntimeError("oxccl backend: created with enable_reconfigure: call reconfigure first")
             raise RuntimeError("oxccl backend: the process group was shut down or aborted")
         ms = self._ms(timeout_ms)
         work = _EXT.new_work(self._rank, flat_tensors(result), ms, any_source, what)
@@ -235,38 +245,6 @@ class Impl(Ops, Moves):
             finally:
                 self._comm = None
 
-    def error_type(self):
-        """c10d's ErrorType of the first failed operation (0: none, 1: timeout, 2: this rank's
-        communicator, 3: a peer), for ``errored()``."""
-        return self._error
-
-    # ---- shrink and grow ----------------------------------------------------------------
-
-    def _child(self, comm, store):
-        return Impl(store, comm.rank(), comm.size(), self._timeout, comm=comm)
-
-    def shrink(self, ranks_to_exclude, shrink_flags):
-        """dist.shrink_group: SHRINK_DEFAULT lets queued operations finish first; SHRINK_ABORT
-        revokes them (they fail), as after a peer died."""
-        if self._comm is None:
-            raise RuntimeError("oxccl backend: the process group was shut down or aborted")
-        abort = bool(shrink_flags & 1)
-        if not abort:
-            self._queue.join()
-        self._changes += 1
-        store = dist.PrefixStore(f"oxccl_shrink{self._changes}/", self._store)
-        return self._child(self._comm.shrink(list(ranks_to_exclude), abort=abort), store)
-
-    def grow(self, nranks, unique_id, store):
-        """A member's part of ``grow_group`` (``store``: the new group's, as the newcomers')."""
-        if self._comm is None:
-            raise RuntimeError("oxccl backend: the process group was shut down or aborted")
-        self._queue.join()
-        return self._child(self._comm.grow(nranks, unique_id), store)
-
-    def grow_id(self):
-        return self._comm.grow_id()
-
     def abort(self):
         if self._comm is not None:
             comm, self._comm = self._comm, None
@@ -328,14 +306,17 @@ def backend_impl(group=None):
     return _EXT.backend_impl(pg._get_backend(torch.device("cpu")))
 
 
-def _create(store, rank, size, timeout):
-    return _EXT.new_backend(rank, size, Impl(store, rank, size, timeout))
+def _create(opts, _options):
+    """The extended creator: torch's ``enable_reconfigure`` reaches the backend."""
+    reconf = bool(getattr(opts, "enable_reconfigure", False))
+    impl = Impl(opts.store, opts.group_rank, opts.group_size, opts.timeout, reconfigure=reconf)
+    return _EXT.new_backend(opts.group_rank, opts.group_size, impl)
 
 
 def register():
     """Register the ``"oxccl"`` backend for CPU and CUDA tensors (done on import)."""
     if "oxccl" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("oxccl", _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend("oxccl", _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 register()

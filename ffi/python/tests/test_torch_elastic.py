@@ -4,6 +4,7 @@ SHRINK_ABORT, and redo that step on 3 ranks; at step G a replacement process joi
 oxccl's grow (ncclCommGetUniqueId + ncclCommGrow), receives the current parameters by broadcast,
 and all 4 train on. Every rank's final parameters equal, bit for bit, a reference computed here
 with the same membership history (exact arithmetic: integer data, sums of dyadic values).
+Then dist._reconfigure: 3 ranks configured from their handles, one killed, two reconfigured.
 
 Run: python ffi/python/tests/test_torch_elastic.py   (.ci/run does)
 """
@@ -156,6 +157,56 @@ def newcomer(port):
     store.wait(["final/done"], timedelta(seconds=120))
 
 
+def reconf(rank, port):
+    """dist._reconfigure: 3 ranks created with enable_reconfigure, configured with their
+    handles in order; rank 2 dies; the other two reconfigure with a set of their handles."""
+    import oxccl.torch  # noqa: F401
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("oxccl", store=dist.PrefixStore("reconf/", store), rank=rank, world_size=3,
+                            timeout=timedelta(seconds=30), enable_reconfigure=True)
+    assert dist.distributed_c10d._supports_reconfigure()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    mine = dist.distributed_c10d._get_reconfigure_handle()
+    store.set(f"handle/{rank}", mine)
+    store.wait([f"handle/{r}" for r in range(3)], timedelta(seconds=60))
+    handles = [store.get(f"handle/{r}").decode() for r in range(3)]
+    dist.distributed_c10d._reconfigure(uuid=1, handles=handles).wait()
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((5,), 6.0)), t
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(4)
+    try:
+        dist.all_reduce(t)
+        raise AssertionError("an all-reduce with a dead rank succeeded")
+    except RuntimeError as e:
+        assert "Connection closed by peer" in str(e) or "died" in str(e), e
+    live = set(handles[:2])
+    t0 = time.monotonic()
+    dist.distributed_c10d._reconfigure(uuid=2, handles=live, timeout=timedelta(seconds=20)).wait()
+    took = (time.monotonic() - t0) * 1e3
+    want = sorted(live).index(mine)
+    assert (backend.rank(), backend.size()) == (want, 2), (backend.rank(), backend.size())
+    t = torch.full((3,), float(backend.rank() + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), 3.0)), t
+    print(f"rank {rank}: reconfigured without rank 2 in {took:.0f} ms, now rank {backend.rank()} of 2", flush=True)
+    store.set(f"reconf_ok/{rank}", "1")
+
+
+def reconfigure_test(store, env, me):
+    procs = [subprocess.Popen([sys.executable, me, "reconf", str(r), str(store.port)], env=env) for r in range(3)]
+    deadline = time.monotonic() + 120
+    for r, p in enumerate(procs):
+        rc = p.wait(timeout=max(1, deadline - time.monotonic()))
+        want = -signal.SIGKILL if r == 2 else 0
+        assert rc == want, f"reconfigure: process {r} exited with {rc}, expected {want}"
+    assert store.check(["reconf_ok/0", "reconf_ok/1"])
+    print("reconfigure: 3 ranks configured from handles, rank 2 killed, the others reconfigured to 2")
+
+
 def main():
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120))
     env = dict(os.environ, NCCL_SOCKET_IFNAME=os.environ.get("NCCL_SOCKET_IFNAME", "lo"))
@@ -181,6 +232,7 @@ def main():
         got = torch.load(io.BytesIO(store.get(f"final/{r}")))
         for a, b in zip(got, ref):
             assert torch.equal(a, b), f"rank {r}: {(a - b).abs().max()}"
+    reconfigure_test(store, env, me)
     print(f"elastic training: rank {DEAD} killed at step {KILL_AT}, shrunk to 3, grown back to 4 at step "
           f"{GROW_AT}; {STEPS} steps, every rank's parameters equal the reference bit for bit")
 
@@ -188,6 +240,8 @@ def main():
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "member":
         member(int(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "reconf":
+        reconf(int(sys.argv[2]), int(sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "newcomer":
         newcomer(int(sys.argv[2]))
     else:
