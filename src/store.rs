@@ -209,13 +209,22 @@ pub struct TcpStore {
     secret: Option<[u8; 32]>,
     conn: Mutex<Option<TcpStream>>,
     connect_timeout: Duration,
+    /// Reached once: a refused reconnection then means the server's process is gone (a store
+    /// is not restarted), said at once instead of retrying until the timeout.
+    reached: std::sync::atomic::AtomicBool,
 }
 
 impl TcpStore {
     /// Connect to the store at `addr`, retrying until `timeout`. With `secret`, answer the
     /// server's challenge (oxccl's authenticated mode).
     pub fn connect(addr: SocketAddr, secret: Option<[u8; 32]>, timeout: Duration) -> Result<TcpStore> {
-        let st = TcpStore { addr, secret, conn: Mutex::new(None), connect_timeout: timeout };
+        let st = TcpStore {
+            addr,
+            secret,
+            conn: Mutex::new(None),
+            connect_timeout: timeout,
+            reached: std::sync::atomic::AtomicBool::new(false),
+        };
         let s = st.open()?;
         *st.conn.lock().unwrap() = Some(s);
         Ok(st)
@@ -226,11 +235,26 @@ impl TcpStore {
         let mut backoff = Duration::from_millis(5);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let r = TcpStream::connect_timeout(&self.addr, left.max(Duration::from_millis(1)))
+            let c = TcpStream::connect_timeout(&self.addr, left.max(Duration::from_millis(1)));
+            let reached = self.reached.load(std::sync::atomic::Ordering::Relaxed);
+            if let (true, Err(e)) = (reached, c.as_ref()) {
+                if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    let mut err = Error::system(
+                        format!("the bootstrap store at {} is gone (its process exited): reconnecting", self.addr),
+                        e,
+                    );
+                    err.kind = ErrorKind::Remote;
+                    return Err(err);
+                }
+            }
+            let r = c
                 .map_err(|e| Error::system(format!("connecting to the bootstrap store at {}", self.addr), &e))
                 .and_then(|s| self.handshake(s));
             match r {
-                Ok(s) => return Ok(s),
+                Ok(s) => {
+                    self.reached.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(s);
+                }
                 Err(e) if Instant::now() + backoff >= deadline => {
                     let mut e = Error::timeout(format!(
                         "could not reach the bootstrap store at {} within {:.1} s: {}",

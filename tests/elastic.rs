@@ -396,3 +396,46 @@ fn kill_9_then_shrink_then_grow_across_namespace_hosts() {
         std::panic::resume_unwind(p);
     }
 }
+
+/// The process serving the store dies (here a helper that made the unique id): shrink cannot
+/// meet, and says so within seconds, naming the store, instead of retrying until the timeout.
+#[test]
+fn shrink_names_the_store_when_the_process_serving_it_died() {
+    const T: &str = "shrink_names_the_store_when_the_process_serving_it_died";
+    if std::env::var("OXCCL_ELASTIC_ROLE").as_deref() == Ok("store") {
+        let id = UniqueId::with_config(&cfg(60)).unwrap();
+        println!("ID {}", id.to_hex());
+        let _ = std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1]); // until killed
+        return;
+    }
+    let mut store = Command::new(std::env::current_exe().unwrap())
+        .args([T, "--exact", "--nocapture", "--test-threads=1"])
+        .env("OXCCL_ELASTIC_ROLE", "store")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = UniqueId::from_hex(line(&mut store, "ID ").trim_start_matches("ID ")).unwrap();
+    let comms: Vec<Communicator> = std::thread::scope(|s| {
+        let hs: Vec<_> =
+            (0..3).map(|r| s.spawn(move || Communicator::init_with_config(&id, 3, r, cfg(60)).unwrap())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    on_all(&comms, |c| check_allreduce(c, 0));
+    let _ = store.kill();
+    let _ = store.wait();
+    // the first try finds the connection broken; the second reconnects and is refused
+    for (attempt, want) in [(1, "did not answer"), (2, "is gone (its process exited)")] {
+        let t = Instant::now();
+        let errs: Vec<oxccl::Error> = std::thread::scope(|s| {
+            let hs: Vec<_> =
+                comms[..2].iter().map(|c| s.spawn(move || c.shrink(&[2], ShrinkMode::Abort).unwrap_err())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(t.elapsed() < Duration::from_secs(5), "attempt {attempt}: {:?} (timeout 60 s)", t.elapsed());
+        for e in errs {
+            assert!(e.message.contains("shrink: the bootstrap store") && e.message.contains(want), "{attempt}: {e}");
+            eprintln!("attempt {attempt}, after {:?}: {e}", t.elapsed());
+        }
+    }
+}

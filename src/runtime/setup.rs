@@ -157,7 +157,7 @@ impl Shared {
                     .with_rank(self.rank)
                     .with_peer(peer))
                 }
-                Err(e) => return Err(e.with_rank(self.rank).with_peer(peer)),
+                Err(e) => return Err(self.store_error(e, why)),
             }
         }
     }
