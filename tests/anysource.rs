@@ -1,23 +1,14 @@
 //! Receive from any source, with threads as ranks: matching, data, order with collectives,
 //! fairness, large messages, shm and TCP, and every error.
 
+mod common;
+use common::on_all;
+
 use oxccl::{Communicator, Config, ErrorKind, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn cfg(shm: bool) -> Config {
     Config { timeout: Duration::from_secs(60), chunk_bytes: 4096, shm_disable: !shm, ..Default::default() }
-}
-
-fn on_all<F>(comms: Vec<Communicator>, f: F)
-where
-    F: Fn(&Communicator) + Sync,
-{
-    std::thread::scope(|s| {
-        for c in &comms {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
 }
 
 /// What rank `r` sends in round `k`: a value no other rank or round sends.

@@ -2,6 +2,9 @@
 //! restrictions, their refusal, mismatched selections across ranks, and the profiler tag in the
 //! flight record. Threads as ranks over shm.
 
+mod common;
+use common::on_all;
+
 use oxccl::schedule::Algo;
 use oxccl::{AlgoSelection, CallOptions, Coll, Communicator, Config, DataType, ErrorKind, OpDesc, OpMem, ReduceOp};
 use std::time::Duration;
@@ -30,15 +33,6 @@ fn all_reduce(c: &Communicator, o: CallOptions, n: usize) -> oxccl::Result<()> {
         assert_eq!(*v, k * i as i32 + k * (k - 1) / 2, "rank {} element {i}", c.rank());
     }
     Ok(())
-}
-
-fn on_all(comms: &[Communicator], f: impl Fn(&Communicator) + Sync) {
-    std::thread::scope(|s| {
-        for c in comms {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
 }
 
 #[test]

@@ -2,24 +2,15 @@
 //! for the logic; processes (this binary re-executed with a role) for `kill -9` and a newcomer
 //! in another process.
 
+mod common;
+use common::on_all;
+
 use oxccl::{Cause, Communicator, Config, ErrorKind, ReduceOp, ShrinkMode, UniqueId};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn cfg(timeout_s: u64) -> Config {
     Config { timeout: Duration::from_secs(timeout_s), socket_ifname: Some("lo".into()), ..Config::from_env() }
-}
-
-fn on_all<F>(comms: &[Communicator], f: F)
-where
-    F: Fn(&Communicator) + Sync,
-{
-    std::thread::scope(|s| {
-        for c in comms {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
 }
 
 /// An all-reduce whose exact result depends on every member: rank r contributes r + 1 + k.

@@ -1,6 +1,7 @@
 //! Depth 2: threads as ranks in one process, over the real shm (and tcp) transports.
 
 mod common;
+use common::on_all;
 
 use oxccl::{Coll, Communicator, Config, DataType, ErrorKind, Group, OpDesc, OpMem, ReduceOp};
 use std::time::{Duration, Instant};
@@ -8,18 +9,6 @@ use std::time::{Duration, Instant};
 fn cfg() -> Config {
     // small slots: many chunks even for small counts
     Config { timeout: Duration::from_secs(60), chunk_bytes: 4096, ..Default::default() }
-}
-
-fn on_all<F>(comms: Vec<Communicator>, f: F)
-where
-    F: Fn(&Communicator) + Sync,
-{
-    std::thread::scope(|s| {
-        for c in &comms {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
 }
 
 const COLLS: [Coll; 8] = Coll::COLLECTIVES;

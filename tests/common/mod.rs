@@ -4,9 +4,25 @@ use oxccl::exact::{coll_input, count_wrong, expected_output};
 use oxccl::schedule::inplace_layout;
 use oxccl::{Coll, Communicator, DataType, OpDesc, OpMem, ReduceOp};
 
+/// Run `f` on every communicator at once, one thread each (threads as ranks); takes the
+/// communicators by value (dropped after) or by reference.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn on_all<C, F>(comms: C, f: F)
+where
+    C: AsRef<[Communicator]>,
+    F: Fn(&Communicator) + Sync,
+{
+    std::thread::scope(|s| {
+        for c in comms.as_ref() {
+            let f = &f;
+            s.spawn(move || f(c));
+        }
+    });
+}
+
 /// Run `coll` through the untyped API on verifiable data (in place when `inplace`) and return
 /// how many elements differ, bit for bit, from the expected output.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, dead_code)]
 pub fn run_and_count_wrong(
     c: &Communicator,
     coll: Coll,
