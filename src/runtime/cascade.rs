@@ -102,9 +102,11 @@ impl Shared {
     }
 
     /// For an error caused by a peer closing its connections, add the first failure reported in
-    /// this communicator (waits at most 2 s for it).
+    /// this communicator (waits at most 2 s for it). Also for a connection found closed: a peer
+    /// that aborted its connections while this rank was sending to it leaves a reset, not its
+    /// abort message, and the cause is then elsewhere too (unless the first report is this one).
     pub(crate) fn with_root_cause(&self, mut e: Error) -> Error {
-        if e.cause != Some(Cause::PeerAborted) {
+        if !matches!(e.cause, Some(Cause::PeerAborted | Cause::PeerClosed)) {
             return e;
         }
         let store = self.store.clone();
@@ -114,6 +116,9 @@ impl Shared {
             let _ = tx.send(store.get(&key, std::time::Duration::from_secs(2)));
         });
         if let Ok(Ok(v)) = rx.recv_timeout(std::time::Duration::from_millis(2100)) {
+            if v == e.to_string().as_bytes() {
+                return e; // this rank's own report: its message already names the cause
+            }
             e.message =
                 format!("{} (first failure reported in this communicator: {})", e.message, String::from_utf8_lossy(&v));
         }
