@@ -1,0 +1,141 @@
+//! The store's tests: both implementations, the server against strangers, and fuzzing.
+
+use super::wire::*;
+use super::*;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+
+mod basic {
+    use super::*;
+
+    fn server(secret: Option<[u8; 32]>) -> StoreServer {
+        StoreServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), secret).unwrap()
+    }
+
+    fn exercise(st: &dyn Store) {
+        st.set("a", b"1").unwrap();
+        assert_eq!(st.get("a", Duration::from_secs(1)).unwrap(), b"1");
+        assert_eq!(st.add("n", 5).unwrap(), 5);
+        assert_eq!(st.add("n", -2).unwrap(), 3);
+        assert!(st.check(&["a".into()]).unwrap());
+        assert!(!st.check(&["a".into(), "zz".into()]).unwrap());
+        let t = Instant::now();
+        let e = st.get("zz", Duration::from_millis(100)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout);
+        assert!(e.message.contains("zz"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert!(st.delete("a").unwrap());
+        assert!(!st.delete("a").unwrap());
+        // usable after a timeout
+        st.set("b", b"2").unwrap();
+        assert_eq!(
+            st.multi_get(&["b".into(), "n".into()], Duration::from_secs(1)).unwrap(),
+            vec![b"2".to_vec(), b"3".to_vec()]
+        );
+    }
+
+    #[test]
+    fn mem_store() {
+        exercise(&*MemStore::new());
+    }
+
+    #[test]
+    fn tcp_store_plain_and_authenticated() {
+        let s = server(None);
+        exercise(&TcpStore::connect(s.addr(), None, Duration::from_secs(5)).unwrap());
+        let secret = [3u8; 32];
+        let s = server(Some(secret));
+        exercise(&TcpStore::connect(s.addr(), Some(secret), Duration::from_secs(5)).unwrap());
+    }
+
+    #[test]
+    fn wait_is_released_by_another_client() {
+        let s = server(None);
+        let a = TcpStore::connect(s.addr(), None, Duration::from_secs(5)).unwrap();
+        let b = TcpStore::connect(s.addr(), None, Duration::from_secs(5)).unwrap();
+        let h = std::thread::spawn(move || a.get("k", Duration::from_secs(10)).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        b.set("k", b"v").unwrap();
+        assert_eq!(h.join().unwrap(), b"v");
+    }
+
+    #[test]
+    fn strangers_are_dropped_without_blocking_members() {
+        let secret = [9u8; 32];
+        let s = server(Some(secret));
+        // silent, garbage, wrong secret, oversized key after a good handshake of the wrong secret
+        let _silent = TcpStream::connect(s.addr()).unwrap();
+        let mut garbage = TcpStream::connect(s.addr()).unwrap();
+        let _ = garbage.write_all(&[0xFF; 100]);
+        let wrong = TcpStore::connect(s.addr(), Some([1u8; 32]), Duration::from_millis(300));
+        if let Ok(w) = wrong {
+            assert!(w.set("x", b"y").is_err() || w.check(&["x".into()]).is_err());
+        }
+        let t = Instant::now();
+        let good = TcpStore::connect(s.addr(), Some(secret), Duration::from_secs(5)).unwrap();
+        good.set("k", b"v").unwrap();
+        assert_eq!(good.get("k", Duration::from_secs(1)).unwrap(), b"v");
+        assert!(t.elapsed() < Duration::from_millis(500));
+        assert!(!good.check(&["x".into()]).unwrap(), "the stranger could not write");
+        std::thread::sleep(AUTH_TIMEOUT + Duration::from_millis(300));
+        assert!(s.rejected() >= 2, "rejected {}", s.rejected());
+    }
+
+    #[test]
+    fn oversized_lengths_are_rejected() {
+        let s = server(None);
+        let mut c = TcpStream::connect(s.addr()).unwrap();
+        let mut b = vec![q::VALIDATE];
+        b.extend_from_slice(&VALIDATE_MAGIC.to_ne_bytes());
+        b.push(q::SET);
+        b.extend_from_slice(&u64::MAX.to_ne_bytes());
+        c.write_all(&b).unwrap();
+        let mut buf = [0u8; 1];
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(c.read(&mut buf).unwrap_or(0), 0, "server closed the connection");
+        // the server is still fine
+        let ok = TcpStore::connect(s.addr(), None, Duration::from_secs(1)).unwrap();
+        ok.set("a", b"b").unwrap();
+    }
+}
+
+mod fuzz {
+    use super::*;
+
+    /// Random byte streams (after a valid preamble half of the time) never crash the server or
+    /// keep it from serving a real client.
+    #[test]
+    fn the_server_survives_random_streams() {
+        let s = StoreServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), None).unwrap();
+        let mut z = 0xF00D_u64;
+        let mut next = move || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        for i in 0..300 {
+            let mut c = TcpStream::connect(s.addr()).unwrap();
+            let mut b = Vec::new();
+            if i % 2 == 0 {
+                b.push(q::VALIDATE);
+                b.extend_from_slice(&VALIDATE_MAGIC.to_ne_bytes());
+            }
+            let len = (next() % 200) as usize;
+            b.extend((0..len).map(|_| {
+                let x = next() as u8;
+                // favour small query codes and small lengths so parsing goes deep
+                if x < 128 {
+                    x % 14
+                } else {
+                    x
+                }
+            }));
+            let _ = c.write_all(&b);
+            let _ = c.shutdown(Shutdown::Write);
+        }
+        let ok = TcpStore::connect(s.addr(), None, Duration::from_secs(5)).unwrap();
+        ok.set("still", b"serving").unwrap();
+        assert_eq!(ok.get("still", Duration::from_secs(5)).unwrap(), b"serving");
+    }
+}
