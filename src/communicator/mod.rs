@@ -7,6 +7,8 @@ mod group;
 mod life;
 mod nonblocking;
 mod ops;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 pub use elastic::ShrinkMode;

@@ -45,7 +45,12 @@ impl Shared {
                 store_at = now + STORE_EVERY;
             }
             if now >= alive_at {
-                self.check_alive(peers)?;
+                if let Err(e) = self.check_alive(peers) {
+                    // a candidate that connected to an offer, sent and exited is not dead to
+                    // us: take the offers and look at the heads once more before saying so
+                    self.take_offers(peers, deadline)?;
+                    return self.head_send(peers)?.ok_or(e);
+                }
                 alive_at = now + LIVENESS_EVERY;
             }
             if now >= deadline {

@@ -11,6 +11,8 @@ mod tune;
 
 pub(crate) use anysource::RECV_ANY;
 pub(crate) use net::transports;
+#[cfg(test)]
+pub(crate) use setup::CONNECTING;
 pub(crate) use setup::{Setup, WaitFor};
 
 use crate::config::Config;

@@ -75,6 +75,12 @@ impl Shared {
         self.wait_key_for(key, deadline, peer, doing, &CONNECTING)
     }
 
+    /// The value of `key` if it is in the store now (a short, bounded look).
+    fn published(&self, key: &str) -> Option<Vec<u8>> {
+        self.store.check(&[key.to_string()]).ok()?.then_some(())?;
+        self.store.get(key, std::time::Duration::from_millis(200)).ok()
+    }
+
     /// [`Shared::wait_key`] for another stage than connection setup (the wording of its messages).
     pub(crate) fn wait_key_for(
         &self,
@@ -114,9 +120,12 @@ impl Shared {
             if self.aborted.load(std::sync::atomic::Ordering::SeqCst) || (revocable && self.stopped()) {
                 return Err(self.stop_error());
             }
-            // on this machine its pid tells
+            // on this machine its pid tells; but a peer that published and then exited normally
+            // is not dead to us, so the key is looked at once more after its process was seen gone
             if p.machine == me.machine && !oxccl_transport::process_alive(p.pid) {
-                return Err(gone(format!("(pid {}) died: its process is gone", p.pid), Cause::PeerDied));
+                return self
+                    .published(key)
+                    .ok_or_else(|| gone(format!("(pid {}) died: its process is gone", p.pid), Cause::PeerDied));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.store.get(key, left.min(std::time::Duration::from_millis(500))) {
@@ -125,7 +134,9 @@ impl Shared {
                     // on another machine its beacon tells
                     if p.machine != me.machine {
                         if let Some((why, cause)) = watch.check(p.ip, p.beacon) {
-                            return Err(gone(format!("on {} ({}) {why}", p.hostname, p.ip), cause));
+                            return self
+                                .published(key)
+                                .ok_or_else(|| gone(format!("on {} ({}) {why}", p.hostname, p.ip), cause));
                         }
                     }
                     if let Some((seq, what)) = doing {

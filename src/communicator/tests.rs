@@ -1,0 +1,56 @@
+//! Unit tests that need a communicator assembled by hand: peers that are not really there.
+
+use super::*;
+use crate::runtime::CONNECTING;
+use crate::store::{MemStore, Store};
+use crate::Config;
+use oxccl_transport::Cause;
+use oxccl_transport::PeerInfo;
+use std::time::{Duration, Instant};
+
+/// A pid that was a process of this machine and is no more.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let pid = child.id();
+    child.wait().expect("reap true");
+    pid
+}
+
+/// Rank 0 of 2 over a store of its own, rank 1 on this machine with the process `pid1`.
+fn pair_with(pid1: u32) -> (Communicator, Arc<MemStore>) {
+    let peer = |rank, pid| PeerInfo {
+        rank,
+        host_id: 1,
+        pid,
+        machine: 7,
+        hostname: "here".into(),
+        ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        beacon: 0,
+    };
+    let store = MemStore::new();
+    let peers = vec![peer(0, std::process::id()), peer(1, pid1)];
+    let cfg = Config { timeout: Duration::from_secs(30), ..Default::default() };
+    let c = Communicator::assemble(store.clone(), "t".into(), [0; 32], Default::default(), 0, peers, cfg)
+        .expect("assemble");
+    (c, store)
+}
+
+#[test]
+fn a_peer_that_published_then_exited_is_not_dead_to_a_late_waiter() {
+    // lifetimes.c failed CI this way: rank 1, alone in its split colour, published its record,
+    // finished and exited before rank 2 looked for that record
+    let (c, store) = pair_with(dead_pid());
+    store.set("t/k/1", b"record").unwrap();
+    let got = c.sh.wait_key_for("t/k/1", Instant::now() + Duration::from_secs(30), 1, None, &CONNECTING);
+    assert_eq!(got.unwrap(), b"record");
+}
+
+#[test]
+fn a_peer_that_died_without_publishing_is_named_at_once() {
+    let (c, _store) = pair_with(dead_pid());
+    let t = Instant::now();
+    let e = c.sh.wait_key_for("t/k/1", Instant::now() + Duration::from_secs(30), 1, None, &CONNECTING).unwrap_err();
+    assert_eq!(e.cause, Some(Cause::PeerDied), "{e}");
+    assert!(e.to_string().contains("rank 1 (pid") && e.to_string().contains("died"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
