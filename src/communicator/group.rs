@@ -8,8 +8,16 @@ use crate::schedule::{build_on, Coll, Fingerprint, Params};
 use crate::select::CallOptions;
 use crate::types::{Element, ReduceOp};
 use crate::Result;
+use smallvec::SmallVec;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// A short list kept inline: a blocking call (one op, one communicator) allocates nothing for
+/// its group, its communicators or its runs.
+pub(crate) type Few<T> = SmallVec<[T; 1]>;
+
+/// The prepared operations of a group.
+pub(crate) type Runs<'a> = Few<OpRun<'a>>;
 
 /// Operations that progress together (`ncclGroupStart`/`ncclGroupEnd`): matching sends and
 /// receives, and operations on many communicators from one thread, cannot deadlock.
@@ -26,13 +34,13 @@ use std::time::Instant;
 /// ```
 #[derive(Default)]
 pub struct Group<'a> {
-    ops: Vec<(&'a Communicator, OpDesc, CallOptions, OpMem<'a>)>,
+    ops: Few<(&'a Communicator, OpDesc, CallOptions, OpMem<'a>)>,
 }
 
 impl<'a> Group<'a> {
     /// An empty group.
     pub fn new() -> Self {
-        Group { ops: Vec::new() }
+        Group { ops: Few::new() }
     }
 
     /// Add any operation in its untyped form.
@@ -91,13 +99,13 @@ impl<'a> Group<'a> {
         }
         let comms = self.comms();
         let _scope = crate::log::RankScope::new(comms[0].sh.rank);
-        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Vec<_>>>()?;
+        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Few<_>>>()?;
         for c in &comms {
             c.sh.wait_async_idle();
         }
         let now = Instant::now(); // one clock read for the deadline and the flight record
         let mut runs = self.prepare(&comms, now)?;
-        let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
+        let shareds: Few<&Shared> = comms.iter().map(|c| &*c.sh).collect();
         let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
@@ -136,9 +144,8 @@ impl<'a> Group<'a> {
     }
 
     /// Distinct communicators, in first-use order.
-    pub(crate) fn comms(&self) -> Vec<&'a Communicator> {
-        // distinct communicators, in first-use order
-        let mut comms: Vec<&Communicator> = Vec::new();
+    pub(crate) fn comms(&self) -> Few<&'a Communicator> {
+        let mut comms: Few<&Communicator> = Few::new();
         for (c, _, _, _) in &self.ops {
             if !comms.iter().any(|x| Arc::ptr_eq(&x.sh, &c.sh)) {
                 comms.push(c);
@@ -149,7 +156,7 @@ impl<'a> Group<'a> {
 
     /// Sequence numbers, schedules and connections for every op (the caller holds the busy
     /// guards of `comms`).
-    pub(crate) fn prepare(self, comms: &[&'a Communicator], now: Instant) -> Result<Vec<OpRun<'a>>> {
+    pub(crate) fn prepare(self, comms: &[&'a Communicator], now: Instant) -> Result<Runs<'a>> {
         for c in comms {
             check_state(&c.sh, &c.sh.state.lock().unwrap())?;
         }
@@ -163,8 +170,8 @@ impl<'a> Group<'a> {
             .map(|(c, d, o, _)| {
                 c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos).map_err(|e| e.with_op(d.coll.name()))
             })
-            .collect::<Result<Vec<_>>>()?;
-        let mut runs: Vec<OpRun<'a>> = Vec::with_capacity(self.ops.len());
+            .collect::<Result<Few<_>>>()?;
+        let mut runs: Runs<'a> = SmallVec::with_capacity(self.ops.len());
         for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
             let sh = &*c.sh;

@@ -94,6 +94,19 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
+    /// Empty, as new, keeping the capacity of its lists.
+    fn reset(&mut self) {
+        self.slots.clear();
+        self.base = 0;
+        self.live = 0;
+        self.order = None;
+        self.sends.clear();
+        self.flushing.clear();
+        self.ladder = Ladder::default();
+        self.turns = 0;
+        self.ready.clear();
+    }
+
     /// Whether nothing is queued.
     pub fn is_empty(&self) -> bool {
         self.live == 0
@@ -479,15 +492,38 @@ impl Engine {
 }
 
 /// Drive `runs` (a group, or one blocking call) until all completed, or the first fails. Ops on
-/// the same connection run in list order.
+/// the same connection run in list order. The engine and its scratch lists are this thread's
+/// spare ones, reset and reused, so a blocking call allocates nothing here in the steady state
+/// (a nested drive, should one ever happen, gets fresh ones).
 pub fn drive<C: DriveComm + ?Sized>(comms: &[&C], runs: &mut [OpRun<'_>], policy: Policy) -> Result<()> {
-    let mut eng = Engine { slots: VecDeque::with_capacity(runs.len()), ..Default::default() };
+    thread_local! {
+        static SPARE: std::cell::RefCell<(Engine, Vec<Finished>)> = Default::default();
+    }
+    SPARE.with(|spare| match spare.try_borrow_mut() {
+        Ok(mut spare) => {
+            let (eng, out) = &mut *spare;
+            eng.reset();
+            out.clear();
+            let res = drive_with(eng, out, comms, runs, policy);
+            out.clear(); // (no error kept alive past the call)
+            res
+        }
+        Err(_) => drive_with(&mut Engine::default(), &mut Vec::new(), comms, runs, policy),
+    })
+}
+
+fn drive_with<C: DriveComm + ?Sized>(
+    eng: &mut Engine,
+    out: &mut Vec<Finished>,
+    comms: &[&C],
+    runs: &mut [OpRun<'_>],
+    policy: Policy,
+) -> Result<()> {
     for _ in 0..runs.len() {
         eng.push(policy, runs);
     }
-    let mut out = Vec::with_capacity(1);
     while !eng.is_empty() {
-        eng.turn(comms, runs, &[], &mut out);
+        eng.turn(comms, runs, &[], out);
         if let Some(k) = out.iter().position(|(_, r)| r.is_err()) {
             return out.swap_remove(k).1;
         }

@@ -27,11 +27,16 @@ pub struct OpRun<'a> {
     pub pc: usize,
     /// Buffers.
     pub mem: OpMem<'a>,
-    tx_idx: Vec<u32>,
-    rx_idx: Vec<u32>,
+    /// Per peer: messages of this op sent to it, and received from it (inline up to 16 ranks:
+    /// nothing allocated per call).
+    tx_idx: PeerCounts,
+    rx_idx: PeerCounts,
     /// What the op waits on, if it is blocked.
     pub blocked: Option<Blocked>,
 }
+
+/// A count per peer, inline for communicators of up to 16 ranks.
+type PeerCounts = smallvec::SmallVec<[u32; 16]>;
 
 /// Messages of at least this many bytes are sent by reference (single copy) where the
 /// schedule, the transport and the operation's size (count × type size, at least the
@@ -66,8 +71,8 @@ impl<'a> OpRun<'a> {
             sched,
             pc: 0,
             mem,
-            tx_idx: vec![0; nranks],
-            rx_idx: vec![0; nranks],
+            tx_idx: smallvec::smallvec![0; nranks],
+            rx_idx: smallvec::smallvec![0; nranks],
             blocked: None,
         }
     }
