@@ -99,7 +99,10 @@ impl<'a> Group<'a> {
         }
         let comms = self.comms();
         let _scope = crate::log::RankScope::new(comms[0].sh.rank);
-        let _guards = comms.iter().map(|c| c.enter()).collect::<Result<Few<_>>>()?;
+        let mut _guards: Few<_> = Few::new();
+        for c in &comms {
+            _guards.push(c.enter()?);
+        }
         for c in &comms {
             c.sh.wait_async_idle();
         }
@@ -164,13 +167,11 @@ impl<'a> Group<'a> {
         // order they use each connection)
         // the algorithms first: a call whose selection cannot be honoured fails before any
         // sequence number is taken, and the communicator stays usable
-        let algos = self
-            .ops
-            .iter()
-            .map(|(c, d, o, _)| {
-                c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos).map_err(|e| e.with_op(d.coll.name()))
-            })
-            .collect::<Result<Few<_>>>()?;
+        let mut algos: Few<_> = Few::new();
+        for (c, d, o, _) in &self.ops {
+            let algo = c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos);
+            algos.push(algo.map_err(|e| e.with_op(d.coll.name()))?);
+        }
         let mut runs: Runs<'a> = SmallVec::with_capacity(self.ops.len());
         for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
