@@ -8,12 +8,13 @@ use oxccl_transport::Cause;
 use oxccl_transport::PeerInfo;
 use std::time::{Duration, Instant};
 
-/// A pid that was a process of this machine and is no more.
+/// A pid no process of this machine has. Found without forking: a child holds a copy of every
+/// descriptor until it execs, which would keep the process-wide beacon's socket open while
+/// `beacon::tests` checks that dropping it closes it.
 fn dead_pid() -> u32 {
-    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
-    let pid = child.id();
-    child.wait().expect("reap true");
-    pid
+    let max: u32 =
+        std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(32768);
+    (300..max).rev().find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).expect("a free pid")
 }
 
 /// Rank 0 of 2 over a store of its own, rank 1 on this machine with the process `pid1`.
