@@ -401,12 +401,14 @@ fn run_row(
         print!("\r# measuring {name} {} {opname} {total} B ...\x1b[K", dt.name());
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
+    let mut busbws = [None, None]; // out of place, in place
     for inplace in [false, true] {
         match bench_any(c, o, dev, name, dt, op, count, root, inplace)? {
             Some(res) => {
                 let (us, wrong) = combine_ranks(c, res.us, res.wrong, o.average)?;
                 let algbw = total as f64 / us / 1e3;
                 let busbw = algbw * bus_factor(name, n);
+                busbws[inplace as usize] = Some(busbw);
                 t.wrong += wrong;
                 if total > 0 {
                     t.bw_sum += busbw;
@@ -419,8 +421,11 @@ fn run_row(
         }
     }
     if o.bound {
-        let bw = memcpy_bw(c, total)?;
-        cols += &format!("  bound {:6.2}", bound_busbw(name, n, total, bw));
+        let bound = bound_busbw(name, n, total, memcpy_bw(c, total)?);
+        // the fraction of the ceiling each half reaches
+        let pct =
+            |b: Option<f64>| b.filter(|_| bound > 0.0).map_or("N/A".into(), |b| format!("{:.0}%", 100.0 * b / bound));
+        cols += &format!("  bound {bound:6.2}  {:>4}  {:>4}", pct(busbws[0]), pct(busbws[1]));
     }
     if tty {
         print!("\r\x1b[K");
