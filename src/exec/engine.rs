@@ -91,6 +91,8 @@ pub(crate) struct Engine {
     turns: u32,
     /// Scratch: the ids that may move this turn (with connection lines).
     ready: Vec<u64>,
+    /// Scratch: the active ids, for the deadline checks of a spinning wait.
+    scratch: Vec<u64>,
 }
 
 impl Engine {
@@ -105,6 +107,7 @@ impl Engine {
         self.ladder = Ladder::default();
         self.turns = 0;
         self.ready.clear();
+        self.scratch.clear();
     }
 
     /// Whether nothing is queued.
@@ -363,12 +366,19 @@ impl Engine {
 
     /// The operations moving or flushing: those a wait is for.
     fn active(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = match self.order.as_ref() {
-            Some(o) => o.ready().collect(),
-            None => self.lone().into_iter().collect(),
-        };
-        ids.extend(self.flushing.iter().copied().filter(|&id| self.is_live(id)));
+        let mut ids = Vec::new();
+        self.active_into(&mut ids);
         ids
+    }
+
+    /// [`Engine::active`] into `ids` (cleared first).
+    fn active_into(&self, ids: &mut Vec<u64>) {
+        ids.clear();
+        match self.order.as_ref() {
+            Some(o) => ids.extend(o.ready()),
+            None => ids.extend(self.lone()),
+        }
+        ids.extend(self.flushing.iter().copied().filter(|&id| self.is_live(id)));
     }
 
     /// Fail the active operations past their deadline, with one report that names them and
@@ -380,16 +390,19 @@ impl Engine {
         now: Instant,
         out: &mut Vec<Finished>,
     ) {
-        let active = self.active();
+        // (the scratch list: this runs every 64 passes of a spinning wait, which allocates nothing)
+        let mut active = std::mem::take(&mut self.scratch);
+        self.active_into(&mut active);
         if active.iter().any(|&id| now >= self.slot(id).policy.deadline) {
             let due: Vec<u64> = self.iter().filter(|(_, s)| now >= s.policy.deadline).map(|(id, _)| id).collect();
             let e = hang_report(comms, &due.iter().map(|&id| runs.run(id)).collect::<Vec<_>>());
             for id in due {
                 self.finish(id, Err(e.clone()), runs, out);
             }
+            self.scratch = active;
             return;
         }
-        for id in active {
+        for &id in &active {
             let run = runs.run(id);
             let s = self.slot_mut(id);
             let p = s.policy;
@@ -404,6 +417,7 @@ impl Engine {
                 comms[s.comm].near_deadline(run.seq);
             }
         }
+        self.scratch = active;
     }
 
     /// Nothing moved: spin (reading the clock only every 64 passes: short waits, the common case
