@@ -72,6 +72,9 @@ run() { # config name -> one run
     ompi-shm-*) $MPIRUN --mca btl vader,self --oversubscribe -np "$n" "$OUT/mpi_bench" -s "$SIZES" ;;
     mpich-shm-*) mpirun.mpich -np "$n" "$OUT/mpi_bench.mpich" -s "$SIZES" ;;
     gloo-lo-*) "$PY" "$A/gloo_allreduce_bench.py" --nproc "$n" --sizes "$SIZES" ;;
+    gloo-ag-lo-*) "$PY" "$ROOT/bench/peers/gloo_colls_bench.py" -c allgather --nproc "$n" --sizes "$SIZES" ;;
+    gloo-rs-lo-*) "$PY" "$ROOT/bench/peers/gloo_colls_bench.py" -c reducescatter --nproc "$n" --sizes "$SIZES" ;;
+    gloo-bc-lo-*) "$PY" "$ROOT/bench/peers/gloo_colls_bench.py" -c broadcast --nproc "$n" --sizes "$SIZES" ;;
     ideal-shm-2) "$OUT/ideal" 256 ;;
     oxccl-tcp-*) OXCCL_SOCKET_IFNAME=cclt-br0 oxperf --np "$n" --netns "$(hosts "$n")" ;;
     oxccl-ofi-*) OXCCL_NET=ofi OXCCL_OFI_PROVIDER="tcp;ofi_rxm" OXCCL_SOCKET_IFNAME=cclt-br0 \
@@ -99,7 +102,7 @@ run() { # config name -> one run
 CONFIGS=""
 for s in $SETS; do
   case "$s" in
-    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 oxccl-rs-shm-2 ompi-rs-shm-2 oxccl-bc-shm-2 ompi-bc-shm-2 oxccl-shm-4 ompi-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8" ;;
+    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 gloo-ag-lo-2 oxccl-rs-shm-2 ompi-rs-shm-2 gloo-rs-lo-2 oxccl-bc-shm-2 ompi-bc-shm-2 gloo-bc-lo-2 oxccl-shm-4 ompi-shm-4 mpich-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8 mpich-shm-8 gloo-lo-8" ;;
     tcp) CONFIGS="$CONFIGS iperf-tcp-2 oxccl-tcp-2 ompi-tcp-2 gloo-tcp-2 oxccl-tcp-4 ompi-tcp-4 gloo-tcp-4"
          "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1 ;;
     ofi) CONFIGS="$CONFIGS oxccl-ofi-2 oxccl-tcp-2 ompi-ofi-2 ompi-tcp-2 oxccl-ofi-4 oxccl-tcp-4 ompi-ofi-4 ompi-tcp-4"

@@ -168,21 +168,27 @@ def main():
                "![shm 2 ranks](shm2.svg)", ""]
         svg(data, [("oxccl", "oxccl-shm-2"), ("ideal probe", "ideal-shm-2"), ("Open MPI", "ompi-shm-2"), ("MPICH", "mpich-shm-2"), ("Gloo", "gloo-lo-2")], "allreduce busbw, 2 ranks, shared memory", os.path.join(bench, "shm2.svg"))
         md += ["### Other collectives, 2 ranks (busbw GB/s, out of place; goal: within 10% of allreduce and ≥ 2× Open MPI)", "",
-               "Open MPI's numbers come from `bench/peers/mpi_colls_bench.c` (the anchors measure all-reduce only),",
-               "with nccl-tests' size and busbw conventions.", "",
-               "| size | allreduce | allgather | Open MPI | ratio | / allreduce | reducescatter | Open MPI | ratio | / allreduce | broadcast | Open MPI | ratio | / allreduce |",
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "Open MPI's numbers come from `bench/peers/mpi_colls_bench.c` and Gloo's from",
+               "`bench/peers/gloo_colls_bench.py` (the anchors measure all-reduce only), with nccl-tests' size and",
+               "busbw conventions; – where Gloo lacks the collective.", ""]
+        head, rule = "| size | allreduce", "|---|---"
+        for name in ("allgather", "reducescatter", "broadcast"):
+            head += f" | {name} | Open MPI | ratio | Gloo | ratio | / allreduce"
+            rule += "|---|---|---|---|---|---"
+        md += [head + " |", rule + "|"]
         for s in SIZES[1:]:
             ar = med(data, "oxccl-shm-2", s, 1)
             cells = [fmt(ar)]
             for c in ("ag", "rs", "bc"):
-                ours, peer = med(data, f"oxccl-{c}-shm-2", s, 1), med(data, f"ompi-{c}-shm-2", s, 1)
-                cells += [fmt(ours), fmt(peer), ratio(ours, peer), ratio(ours, ar)]
+                ours = med(data, f"oxccl-{c}-shm-2", s, 1)
+                mpi, gloo = med(data, f"ompi-{c}-shm-2", s, 1), med(data, f"gloo-{c}-lo-2", s, 1)
+                cells += [fmt(ours), fmt(mpi), ratio(ours, mpi), fmt(gloo), ratio(ours, gloo), ratio(ours, ar)]
             md.append(f"| {human(s)} | " + " | ".join(cells) + " |")
         md.append("")
     for n in (4, 8):
         if data.get(f"oxccl-shm-{n}"):
-            peers = [("Open MPI", f"ompi-shm-{n}")] + ([("Gloo", f"gloo-lo-{n}")] if data.get(f"gloo-lo-{n}") else [])
+            peers = [("Open MPI", f"ompi-shm-{n}"), ("MPICH", f"mpich-shm-{n}"), ("Gloo", f"gloo-lo-{n}")]
+            peers = [(name, cfg) for name, cfg in peers if data.get(cfg)]
             md += [f"## Shared memory, {n} ranks on 2 cores (oversubscribed)", "", table(data, n, "shm", peers), ""]
     for n in (2, 4):
         if data.get(f"oxccl-tcp-{n}"):
