@@ -69,6 +69,10 @@ pub enum Cause {
     Revoked,
     /// This rank's communicator is suspended (its connections released) until resumed.
     Suspended,
+    /// A frame from the peer failed authentication on an encrypted connection: it was altered,
+    /// forged, replayed or reordered in transit, or the two sides' keys differ. Nothing from
+    /// it was delivered.
+    Tampered,
 }
 
 /// An oxccl error: a category plus the context needed to find the culprit

@@ -38,6 +38,7 @@ pub mod conformance;
 mod error;
 pub mod fork;
 pub mod mem;
+pub mod seal;
 pub mod thread;
 pub mod wait;
 
