@@ -42,9 +42,7 @@ impl hkdf::KeyType for Len {
 fn hkdf32(salt: &[u8], ikm: &[u8], info: &[&[u8]]) -> [u8; KEY_BYTES] {
     let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(ikm);
     let mut out = [0u8; KEY_BYTES];
-    prk.expand(info, Len(KEY_BYTES))
-        .and_then(|okm| okm.fill(&mut out))
-        .expect("HKDF-SHA256 can expand 32 bytes");
+    prk.expand(info, Len(KEY_BYTES)).and_then(|okm| okm.fill(&mut out)).expect("HKDF-SHA256 can expand 32 bytes");
     out
 }
 

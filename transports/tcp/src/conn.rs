@@ -1,0 +1,321 @@
+//! The data path of one connection: the sending and receiving sides of a lane (frames through
+//! non-blocking sockets), and the striping of a connection's frames over its lanes.
+
+use super::lost_how;
+use oxccl_transport::wait::WaitSource;
+use oxccl_transport::{Cause, Error, Header, RecvConn, Result, SendConn, HEADER_BYTES};
+use std::io::{ErrorKind as IoKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+pub(crate) struct TcpSend {
+    s: TcpStream,
+    peer: usize,
+    slot_bytes: usize,
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    head: usize,    // committed frames
+    flushed: usize, // fully written frames
+    offset: usize,  // bytes of frame `flushed` already written
+}
+
+impl TcpSend {
+    pub(crate) fn new(s: TcpStream, slots: usize, slot_bytes: usize, peer: usize) -> Self {
+        TcpSend {
+            s,
+            peer,
+            slot_bytes,
+            bufs: (0..slots).map(|_| vec![0u8; HEADER_BYTES + slot_bytes]).collect(),
+            lens: vec![0; slots],
+            head: 0,
+            flushed: 0,
+            offset: 0,
+        }
+    }
+    fn room(&self) -> bool {
+        self.head - self.flushed < self.bufs.len()
+    }
+}
+
+impl SendConn for TcpSend {
+    fn max_message(&self) -> usize {
+        self.slot_bytes
+    }
+
+    fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
+        if !self.room() {
+            self.progress()?;
+            if !self.room() {
+                return Ok(None);
+            }
+        }
+        let n = self.bufs.len();
+        Ok(Some(&mut self.bufs[self.head % n][HEADER_BYTES..]))
+    }
+
+    fn commit(&mut self, header: Header) -> Result<()> {
+        if !self.room() || header.len as usize > self.slot_bytes {
+            return Err(Error::internal("tcp commit without a reserved slot"));
+        }
+        let n = self.bufs.len();
+        let i = self.head % n;
+        self.bufs[i][..HEADER_BYTES].copy_from_slice(&header.encode());
+        self.lens[i] = HEADER_BYTES + header.len as usize;
+        self.head += 1;
+        self.progress()
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        let n = self.bufs.len();
+        while self.flushed < self.head {
+            let i = self.flushed % n;
+            let frame = &self.bufs[i][self.offset..self.lens[i]];
+            match self.s.write(frame) {
+                Ok(0) => {
+                    return Err(
+                        Error::remote(format!("rank {} closed the TCP connection", self.peer)).with_peer(self.peer)
+                    )
+                }
+                Ok(w) => {
+                    self.offset += w;
+                    if self.offset == self.lens[i] {
+                        self.flushed += 1;
+                        self.offset = 0;
+                    }
+                }
+                Err(e) if e.kind() == IoKind::WouldBlock => break,
+                Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) => {
+                    let (how, cause) = lost_how(&e);
+                    let mut err = Error::system(format!("rank {} is unreachable ({how}); TCP send", self.peer), &e)
+                        .with_peer(self.peer)
+                        .with_cause(cause);
+                    err.kind = oxccl_transport::ErrorKind::Remote;
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn pending(&self) -> bool {
+        self.flushed < self.head
+    }
+
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        self.progress()?;
+        if self.room() && !self.pending() {
+            return Ok(None);
+        }
+        Ok(Some(WaitSource::write(self.s.as_raw_fd())))
+    }
+
+    fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.bufs.iter().map(|b| b.len()).sum()
+    }
+
+    fn abort(&mut self) {
+        // a header-only frame with the abort step, if the socket takes it now (after any
+        // partially written frame it would be garbage, so only at a frame boundary)
+        if self.offset == 0 {
+            let h = Header { step: oxccl_transport::ABORT_STEP, ..Default::default() };
+            let _ = self.s.write(&h.encode());
+        }
+    }
+}
+
+/// A connection's lanes, frames striped round robin.
+pub(crate) struct StripedSend {
+    pub(crate) lanes: Vec<TcpSend>,
+    pub(crate) head: usize,
+}
+
+impl SendConn for StripedSend {
+    fn max_message(&self) -> usize {
+        self.lanes[0].max_message()
+    }
+
+    fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
+        let n = self.lanes.len();
+        self.lanes[self.head % n].reserve()
+    }
+
+    fn commit(&mut self, header: Header) -> Result<()> {
+        let n = self.lanes.len();
+        self.lanes[self.head % n].commit(header)?;
+        self.head += 1;
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        self.lanes.iter_mut().try_for_each(|l| l.progress())
+    }
+
+    fn pending(&self) -> bool {
+        self.lanes.iter().any(|l| l.pending())
+    }
+
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        // wait for the lane the next frame needs if it is full, else for any lane still flushing
+        let n = self.lanes.len();
+        let next = self.head % n;
+        self.progress()?;
+        if !self.lanes[next].room() {
+            return self.lanes[next].arm();
+        }
+        match self.lanes.iter_mut().find(|l| l.pending()) {
+            Some(l) => l.arm(),
+            None => Ok(None),
+        }
+    }
+
+    fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.lanes.iter().map(|l| l.memory()).sum()
+    }
+
+    fn abort(&mut self) {
+        self.lanes.iter_mut().for_each(|l| l.abort());
+    }
+}
+
+/// The receiving side of a connection's lanes: frame i comes from lane i mod lanes.
+pub(crate) struct StripedRecv {
+    pub(crate) lanes: Vec<TcpRecv>,
+    pub(crate) tail: usize,
+}
+
+impl RecvConn for StripedRecv {
+    fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].peek()
+    }
+
+    fn consume(&mut self) -> Result<()> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].consume()?;
+        self.tail += 1;
+        Ok(())
+    }
+
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].arm()
+    }
+
+    fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.lanes.iter().map(|l| l.memory()).sum()
+    }
+}
+
+pub(crate) struct TcpRecv {
+    s: TcpStream,
+    peer: usize,
+    max: usize,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    eof: bool,
+}
+
+impl TcpRecv {
+    pub(crate) fn new(s: TcpStream, max: usize, peer: usize) -> Self {
+        TcpRecv { s, peer, max, buf: vec![0u8; 2 * (HEADER_BYTES + max)], start: 0, end: 0, eof: false }
+    }
+
+    /// Length of the complete frame at `start`, if there is one.
+    fn complete(&self) -> Result<Option<(Header, usize)>> {
+        let have = self.end - self.start;
+        if have < HEADER_BYTES {
+            return Ok(None);
+        }
+        let h = Header::decode(&self.buf[self.start..self.end], self.max).map_err(|e| e.with_peer(self.peer))?;
+        let need = HEADER_BYTES + h.len as usize;
+        Ok((have >= need).then_some((h, need)))
+    }
+
+    fn fill(&mut self) -> Result<()> {
+        if self.eof {
+            return Ok(());
+        }
+        if self.start > 0 && self.buf.len() - self.end < HEADER_BYTES + self.max {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        loop {
+            if self.end == self.buf.len() {
+                return Ok(());
+            }
+            match self.s.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(());
+                }
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == IoKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) => {
+                    let (how, cause) = lost_how(&e);
+                    let mut err = Error::system(format!("rank {} is unreachable ({how}); TCP receive", self.peer), &e)
+                        .with_peer(self.peer)
+                        .with_cause(cause);
+                    err.kind = oxccl_transport::ErrorKind::Remote;
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+impl RecvConn for TcpRecv {
+    fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
+        let mut got = self.complete()?;
+        if got.is_none() {
+            self.fill()?;
+            got = self.complete()?;
+        }
+        match got {
+            Some((h, _)) if h.step == oxccl_transport::ABORT_STEP => Err(Error::peer_aborted(self.peer)),
+            Some((h, need)) => {
+                let s = self.start + HEADER_BYTES;
+                Ok(Some((h, &self.buf[s..self.start + need])))
+            }
+            None if self.eof => Err(Error::remote(format!(
+                "rank {} closed the TCP connection unexpectedly (process died or connection reset)",
+                self.peer
+            ))
+            .with_peer(self.peer)
+            .with_cause(Cause::PeerClosed)),
+            None => Ok(None),
+        }
+    }
+
+    fn consume(&mut self) -> Result<()> {
+        let (_, need) = self.complete()?.ok_or_else(|| Error::internal("tcp consume without a frame"))?;
+        self.start += need;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(())
+    }
+
+    fn arm(&mut self) -> Result<Option<WaitSource>> {
+        if self.eof || self.complete()?.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(WaitSource::read(self.s.as_raw_fd())))
+    }
+
+    fn disarm(&mut self) {}
+
+    fn memory(&self) -> usize {
+        self.buf.len()
+    }
+}
