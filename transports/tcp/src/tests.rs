@@ -1,6 +1,7 @@
 //! Tests of the socket transport: connection setup, frames, failures, and a fuzz of the decoders.
 
 use super::*;
+use oxccl_transport::Header;
 
 fn ctx(secret: u8) -> TransportCtx {
     TransportCtx { rank: 0, nranks: 2, comm_id: 5, secret: [secret; 32], peers: vec![] }
