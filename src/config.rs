@@ -99,6 +99,10 @@ pub struct Config {
     /// Tuner constants: per-message latency in µs and bandwidth in GB/s of the links
     /// (`OXCCL_TUNER_SHM_ALPHA_US`, `..._BETA_GBPS`, and `OXCCL_TUNER_NET_*`).
     pub tuner: Tuner,
+    /// How traffic between hosts is protected: [`crate::set_encryption`]'s setting if it was
+    /// called, else `OXCCL_ENCRYPT` (`off`, the default; `psk`, keyed from the file named by
+    /// `OXCCL_PSK_FILE`; `uid`, keyed from the unique id's secret). See docs/security.md.
+    pub encryption: crate::Encryption,
 }
 
 /// The α-β model's constants, per link kind.
@@ -179,6 +183,7 @@ impl Default for Config {
             #[cfg(feature = "rdma")]
             rdma: oxccl_transport_rdma::RdmaConfig::default(),
             tuner: Tuner::default(),
+            encryption: crate::Encryption::Off,
         }
     }
 }
@@ -255,6 +260,7 @@ impl Config {
                 switch_us: num(&["OXCCL_TUNER_SWITCH_US"], t.switch_us),
                 oversub_round_factor: num(&["OXCCL_TUNER_OVERSUB_FACTOR"], t.oversub_round_factor),
             },
+            encryption: crate::encryption::from_env(),
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
         slot_bytes: cfg.chunk_bytes,
         lanes: cfg.nsocks,
         socket_buffer: cfg.socket_buffer,
+        encrypt: cfg.encryption.master(&ctx.secret)?,
     };
     let ip = peers[rank].ip;
     list.push(Box::new(TcpTransport::new(ctx, tcp, ip)));
@@ -80,7 +81,22 @@ fn open_rdma(
     let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, ..cfg.rdma.clone() };
     let explicit = cfg.net.is_some();
     let choice = NetChoice::parse(cfg.net.as_deref().unwrap_or(""), &cfg.ofi_provider);
-    match choice.map_err(|e| e.with_rank(rank))? {
+    let choice = choice.map_err(|e| e.with_rank(rank))?;
+    if cfg.encryption != crate::Encryption::Off {
+        // RDMA writes land in the peer's registered memory with no step where a frame could be
+        // decrypted before it is used: encryption keeps the traffic on (encrypted) TCP, and an
+        // explicit RDMA request is refused rather than sent in the clear (docs/security.md)
+        return match choice {
+            NetChoice::Socket => Ok(None),
+            _ => Err(crate::Error::invalid_usage(
+                "encryption is on and OXCCL_NET/NCCL_NET asks for an RDMA network, which oxccl does not encrypt: \
+                 unset it (traffic then goes over encrypted TCP) or turn encryption off",
+            )
+            .with_rank(rank)
+            .with_op("init: OXCCL_NET")),
+        };
+    }
+    match choice {
         NetChoice::Socket if explicit => Ok(None),
         NetChoice::Socket => {
             if !several_hosts {

@@ -31,6 +31,17 @@ pub const FRAME_LIMIT: u64 = 1 << 40;
 /// Shortest pre-shared key accepted (as NCCL's `ncclSetEncryption`).
 pub const PSK_MIN_BYTES: usize = 32;
 
+/// A job's master key (what [`master_from_psk`] or [`master_from_secret`] returns), with a
+/// `Debug` that does not print it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct MasterKey(pub [u8; KEY_BYTES]);
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MasterKey(..)")
+    }
+}
+
 struct Len(usize);
 
 impl hkdf::KeyType for Len {

@@ -2,16 +2,24 @@
 //! non-blocking sockets), and the striping of a connection's frames over its lanes.
 
 use super::lost_how;
+use oxccl_transport::seal::{Opener, Sealer, TAG_BYTES};
 use oxccl_transport::wait::WaitSource;
 use oxccl_transport::{Cause, Error, Header, RecvConn, Result, SendConn, HEADER_BYTES};
 use std::io::{ErrorKind as IoKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
+/// Bytes before an encrypted frame's sealed body: its length, authenticated as associated data.
+const LEN_BYTES: usize = 4;
+
+/// An encrypted frame on the wire: `len` (u32 LE, the sealed body's length), the body (header
+/// then payload, AES-256-GCM under the lane's key), then the tag. A plain frame is the header
+/// then the payload.
 pub(crate) struct TcpSend {
     s: TcpStream,
     peer: usize,
     slot_bytes: usize,
+    seal: Option<Sealer>,
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
     head: usize,    // committed frames
@@ -20,12 +28,14 @@ pub(crate) struct TcpSend {
 }
 
 impl TcpSend {
-    pub(crate) fn new(s: TcpStream, slots: usize, slot_bytes: usize, peer: usize) -> Self {
+    pub(crate) fn new(s: TcpStream, slots: usize, slot_bytes: usize, peer: usize, seal: Option<Sealer>) -> Self {
+        let extra = if seal.is_some() { LEN_BYTES + TAG_BYTES } else { 0 };
         TcpSend {
             s,
             peer,
             slot_bytes,
-            bufs: (0..slots).map(|_| vec![0u8; HEADER_BYTES + slot_bytes]).collect(),
+            seal,
+            bufs: (0..slots).map(|_| vec![0u8; HEADER_BYTES + slot_bytes + extra]).collect(),
             lens: vec![0; slots],
             head: 0,
             flushed: 0,
@@ -34,6 +44,30 @@ impl TcpSend {
     }
     fn room(&self) -> bool {
         self.head - self.flushed < self.bufs.len()
+    }
+
+    /// Bytes before the header in a slot.
+    fn pre(&self) -> usize {
+        if self.seal.is_some() {
+            LEN_BYTES
+        } else {
+            0
+        }
+    }
+
+    /// Write `header` into slot `i` (its payload is in place) and seal the frame if the lane
+    /// encrypts; returns the frame's length on the wire.
+    fn finish(&mut self, i: usize, header: &Header) -> Result<usize> {
+        let pre = self.pre();
+        let body = HEADER_BYTES + header.len as usize;
+        let buf = &mut self.bufs[i];
+        buf[pre..pre + HEADER_BYTES].copy_from_slice(&header.encode());
+        let Some(seal) = self.seal.as_mut() else { return Ok(body) };
+        let (len, rest) = buf.split_at_mut(LEN_BYTES);
+        len.copy_from_slice(&(body as u32).to_le_bytes());
+        let tag = seal.seal(len, &mut rest[..body]).map_err(|e| e.with_peer(self.peer))?;
+        rest[body..body + TAG_BYTES].copy_from_slice(&tag);
+        Ok(LEN_BYTES + body + TAG_BYTES)
     }
 }
 
@@ -49,8 +83,10 @@ impl SendConn for TcpSend {
                 return Ok(None);
             }
         }
-        let n = self.bufs.len();
-        Ok(Some(&mut self.bufs[self.head % n][HEADER_BYTES..]))
+        let (n, pre) = (self.bufs.len(), self.pre());
+        let at = pre + HEADER_BYTES;
+        let end = at + self.slot_bytes;
+        Ok(Some(&mut self.bufs[self.head % n][at..end]))
     }
 
     fn commit(&mut self, header: Header) -> Result<()> {
@@ -59,8 +95,7 @@ impl SendConn for TcpSend {
         }
         let n = self.bufs.len();
         let i = self.head % n;
-        self.bufs[i][..HEADER_BYTES].copy_from_slice(&header.encode());
-        self.lens[i] = HEADER_BYTES + header.len as usize;
+        self.lens[i] = self.finish(i, &header)?;
         self.head += 1;
         self.progress()
     }
@@ -118,10 +153,22 @@ impl SendConn for TcpSend {
 
     fn abort(&mut self) {
         // a header-only frame with the abort step, if the socket takes it now (after any
-        // partially written frame it would be garbage, so only at a frame boundary)
-        if self.offset == 0 {
-            let h = Header { step: oxccl_transport::ABORT_STEP, ..Default::default() };
+        // partially written frame it would be garbage, so only at a frame boundary). Sealed
+        // frames are numbered, so an encrypted lane sends it only after every queued frame.
+        if self.seal.is_some() {
+            let _ = self.progress();
+        }
+        if self.offset != 0 || (self.seal.is_some() && self.flushed != self.head) {
+            return;
+        }
+        let h = Header { step: oxccl_transport::ABORT_STEP, ..Default::default() };
+        if self.seal.is_none() {
             let _ = self.s.write(&h.encode());
+            return;
+        }
+        let i = self.head % self.bufs.len(); // free: every frame is flushed
+        if let Ok(len) = self.finish(i, &h) {
+            let _ = self.s.write(&self.bufs[i][..len]);
         }
     }
 }
@@ -221,29 +268,101 @@ pub(crate) struct TcpRecv {
     start: usize,
     end: usize,
     eof: bool,
+    open: Option<Opener>,
+    /// The frame at `start` once opened (decrypted in place): its header and length on the wire.
+    opened: Option<(Header, usize)>,
+    /// The authentication failure that ended an encrypted lane (every later call repeats it).
+    failed: Option<Error>,
 }
 
 impl TcpRecv {
-    pub(crate) fn new(s: TcpStream, max: usize, peer: usize) -> Self {
-        TcpRecv { s, peer, max, buf: vec![0u8; 2 * (HEADER_BYTES + max)], start: 0, end: 0, eof: false }
+    pub(crate) fn new(s: TcpStream, max: usize, peer: usize, open: Option<Opener>) -> Self {
+        let frame = HEADER_BYTES + max + if open.is_some() { LEN_BYTES + TAG_BYTES } else { 0 };
+        TcpRecv {
+            s,
+            peer,
+            max,
+            buf: vec![0u8; 2 * frame],
+            start: 0,
+            end: 0,
+            eof: false,
+            open,
+            opened: None,
+            failed: None,
+        }
     }
 
-    /// Length of the complete frame at `start`, if there is one.
-    fn complete(&self) -> Result<Option<(Header, usize)>> {
-        let have = self.end - self.start;
-        if have < HEADER_BYTES {
+    /// Longest frame on the wire.
+    fn frame_max(&self) -> usize {
+        HEADER_BYTES + self.max + if self.open.is_some() { LEN_BYTES + TAG_BYTES } else { 0 }
+    }
+
+    /// Bytes before the header of a frame.
+    fn pre(&self) -> usize {
+        if self.open.is_some() {
+            LEN_BYTES
+        } else {
+            0
+        }
+    }
+
+    /// The header and wire length of the complete frame at `start`, if there is one (an
+    /// encrypted frame is authenticated and decrypted in place first, once).
+    fn complete(&mut self) -> Result<Option<(Header, usize)>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.open.is_none() {
+            let have = self.end - self.start;
+            if have < HEADER_BYTES {
+                return Ok(None);
+            }
+            let h = Header::decode(&self.buf[self.start..self.end], self.max).map_err(|e| e.with_peer(self.peer))?;
+            let need = HEADER_BYTES + h.len as usize;
+            return Ok((have >= need).then_some((h, need)));
+        }
+        if self.opened.is_none() {
+            self.opened = self.open_next().inspect_err(|e| self.failed = Some(e.clone()))?;
+        }
+        Ok(self.opened)
+    }
+
+    /// Authenticate and decrypt the frame at `start` if it has fully arrived.
+    fn open_next(&mut self) -> Result<Option<(Header, usize)>> {
+        let (start, have) = (self.start, self.end - self.start);
+        if have < LEN_BYTES {
             return Ok(None);
         }
-        let h = Header::decode(&self.buf[self.start..self.end], self.max).map_err(|e| e.with_peer(self.peer))?;
-        let need = HEADER_BYTES + h.len as usize;
-        Ok((have >= need).then_some((h, need)))
+        let body = u32::from_le_bytes(self.buf[start..start + LEN_BYTES].try_into().unwrap()) as usize;
+        let peer = self.peer;
+        let fail = |mut e: Error| {
+            e.message = format!("rank {peer}'s encrypted TCP connection failed: {}", e.message);
+            e.with_peer(peer)
+        };
+        if !(HEADER_BYTES..=HEADER_BYTES + self.max).contains(&body) {
+            return Err(fail(
+                Error::remote(format!("a frame claims a {body}-byte sealed body (altered in transit)"))
+                    .with_cause(Cause::Tampered),
+            ));
+        }
+        let need = LEN_BYTES + body + TAG_BYTES;
+        if have < need {
+            return Ok(None);
+        }
+        let (len, rest) = self.buf[start..start + need].split_at_mut(LEN_BYTES);
+        self.open.as_mut().unwrap().open(len, rest).map_err(fail)?;
+        let h = Header::decode(&rest[..body], self.max).map_err(|e| e.with_peer(peer))?;
+        if HEADER_BYTES + h.len as usize != body {
+            return Err(fail(Error::internal("a sealed frame's header disagrees with its length")));
+        }
+        Ok(Some((h, need)))
     }
 
     fn fill(&mut self) -> Result<()> {
         if self.eof {
             return Ok(());
         }
-        if self.start > 0 && self.buf.len() - self.end < HEADER_BYTES + self.max {
+        if self.start > 0 && self.buf.len() - self.end < self.frame_max() {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
@@ -282,9 +401,9 @@ impl RecvConn for TcpRecv {
         }
         match got {
             Some((h, _)) if h.step == oxccl_transport::ABORT_STEP => Err(Error::peer_aborted(self.peer)),
-            Some((h, need)) => {
-                let s = self.start + HEADER_BYTES;
-                Ok(Some((h, &self.buf[s..self.start + need])))
+            Some((h, _)) => {
+                let s = self.start + self.pre() + HEADER_BYTES;
+                Ok(Some((h, &self.buf[s..s + h.len as usize])))
             }
             None if self.eof => Err(Error::remote(format!(
                 "rank {} closed the TCP connection unexpectedly (process died or connection reset)",
@@ -299,6 +418,7 @@ impl RecvConn for TcpRecv {
     fn consume(&mut self) -> Result<()> {
         let (_, need) = self.complete()?.ok_or_else(|| Error::internal("tcp consume without a frame"))?;
         self.start += need;
+        self.opened = None;
         if self.start == self.end {
             self.start = 0;
             self.end = 0;

@@ -5,8 +5,14 @@
 //! kernel works on several streams at once and a lost segment stalls one lane, not the pair. The
 //! receiver owns a listening socket per communicator rank; its setup blob carries the address, a
 //! fresh 16-byte token and the lane count. The sender connects each lane and, before anything
-//! else, sends a 56-byte hello: magic, version, the lane's token and a keyed BLAKE3 proof of the
-//! job secret over (purpose, communicator, token).
+//! else, sends a 76-byte hello: magic, version, the lane's token, its encryption word and a keyed
+//! BLAKE3 proof of the job secret over (purpose, communicator, token, encryption word).
+//!
+//! **Encryption** ([`TcpConfig::encrypt`]): every frame after the hello is sealed with AES-256-GCM
+//! (`oxccl_transport::seal`) under a key of its own lane, derived from the job's master key and
+//! the lane's fresh token. The encryption word (mode and a key check, in the receiver's blob and
+//! the sender's hello) makes ranks that disagree (one encrypts, the other does not, or their keys
+//! differ) fail at connection setup on both sides, naming the peer.
 //!
 //! The [`acceptor`](Acceptor) reads hellos without blocking, with a per-socket deadline, so a
 //! silent, slow, garbage-sending or oversized stranger is dropped without delaying anyone; it never
@@ -23,6 +29,7 @@ pub mod netif;
 
 use conn::{StripedRecv, StripedSend, TcpRecv, TcpSend};
 
+use oxccl_transport::seal::{derive, key_check, MasterKey, Opener, Sealer};
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::{
     proof, random_bytes, verify_proof, Cause, Error, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport,
@@ -36,8 +43,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: u32 = 0x4F58_4354; // "OXCT"
-const HELLO_VERSION: u32 = 1;
-const HELLO_BYTES: usize = 56;
+const HELLO_VERSION: u32 = 2;
+const HELLO_BYTES: usize = 76;
+/// Bytes of the encryption word: mode (u32 LE, 0 plain, 1 AES-256-GCM) and a 16-byte key check.
+const CRYPT_BYTES: usize = 20;
+type CryptWord = [u8; CRYPT_BYTES];
 /// How long a connecting socket may take to send its hello before it is dropped.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a data connection to be answered (SYN retries: 1, 3, 7, 15 s).
@@ -54,11 +64,13 @@ pub struct TcpConfig {
     pub lanes: usize,
     /// `SO_SNDBUF`/`SO_RCVBUF` of data sockets in bytes; `None` leaves the kernel's autotuning.
     pub socket_buffer: Option<usize>,
+    /// Encrypt every frame under keys derived from this master key; `None`: plaintext.
+    pub encrypt: Option<MasterKey>,
 }
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig { slots: 4, slot_bytes: 256 << 10, lanes: 1, socket_buffer: None }
+        TcpConfig { slots: 4, slot_bytes: 256 << 10, lanes: 1, socket_buffer: None, encrypt: None }
     }
 }
 
@@ -99,11 +111,50 @@ impl TcpTransport {
     }
 }
 
-fn hello_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
+fn hello_context(comm: u64, token: &[u8; 16], crypt: &CryptWord) -> Vec<u8> {
     let mut c = b"oxccl-tcp-data".to_vec();
     c.extend_from_slice(&comm.to_le_bytes());
     c.extend_from_slice(token);
+    c.extend_from_slice(crypt);
     c
+}
+
+/// What makes a connection (or a lane) unique: its communicator and token.
+fn conn_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
+    let mut c = comm.to_le_bytes().to_vec();
+    c.extend_from_slice(token);
+    c
+}
+
+/// A side's encryption word for the connection with token `token`.
+fn crypt_word(master: Option<&MasterKey>, comm: u64, token: &[u8; 16]) -> CryptWord {
+    let mut w = [0u8; CRYPT_BYTES];
+    if let Some(m) = master {
+        w[..4].copy_from_slice(&1u32.to_le_bytes());
+        w[4..].copy_from_slice(&key_check(&m.0, &conn_context(comm, token)));
+    }
+    w
+}
+
+/// The setup error when the peer's encryption word is not this rank's.
+fn crypt_mismatch(peer: usize, mine: &CryptWord, theirs: &CryptWord) -> Error {
+    let enc = |w: &CryptWord| w[..4] != [0; 4];
+    let what = match (enc(mine), enc(theirs)) {
+        (true, false) => format!("this rank encrypts its TCP traffic and rank {peer} does not"),
+        (false, true) => format!("rank {peer} encrypts its TCP traffic and this rank does not"),
+        _ => format!("this rank and rank {peer} encrypt their TCP traffic with different keys"),
+    };
+    Error::invalid_usage(format!(
+        "{what}: every rank needs the same encryption setting and key (OXCCL_ENCRYPT, OXCCL_PSK_FILE or \
+         ncclSetEncryption)"
+    ))
+    .with_peer(peer)
+    .with_cause(Cause::Mismatch)
+}
+
+/// The sealing and opening key of one lane.
+fn lane_key(master: &MasterKey, comm: u64, lane_token: &[u8; 16]) -> [u8; 32] {
+    derive(&master.0, b"tcp frames", &conn_context(comm, lane_token))
 }
 
 /// Accepts authenticated data connections on one listening socket.
@@ -112,7 +163,7 @@ pub struct Acceptor {
     secret: [u8; 32],
     comm: u64,
     pending: Vec<(TcpStream, Vec<u8>, Instant)>,
-    ready: HashMap<[u8; 16], TcpStream>,
+    ready: HashMap<[u8; 16], (TcpStream, CryptWord)>,
     /// Connections dropped for a missing or bad proof (for tests and reports).
     pub dropped: usize,
 }
@@ -175,8 +226,8 @@ impl Acceptor {
                     let (s, buf, _) = self.pending.swap_remove(i);
                     let peer = s.peer_addr().ok();
                     match complete.then(|| self.check_hello(&buf)).flatten() {
-                        Some(token) => {
-                            self.ready.insert(token, s);
+                        Some((token, crypt)) => {
+                            self.ready.insert(token, (s, crypt));
                         }
                         None => {
                             self.dropped += 1;
@@ -191,18 +242,20 @@ impl Acceptor {
         Ok(())
     }
 
-    fn check_hello(&self, b: &[u8]) -> Option<[u8; 16]> {
+    fn check_hello(&self, b: &[u8]) -> Option<([u8; 16], CryptWord)> {
         let magic = u32::from_le_bytes(b[0..4].try_into().ok()?);
         let version = u32::from_le_bytes(b[4..8].try_into().ok()?);
         if magic != HELLO_MAGIC || version != HELLO_VERSION {
             return None;
         }
         let token: [u8; 16] = b[8..24].try_into().ok()?;
-        verify_proof(&self.secret, &hello_context(self.comm, &token), &b[24..56]).then_some(token)
+        let crypt: CryptWord = b[24..44].try_into().ok()?;
+        verify_proof(&self.secret, &hello_context(self.comm, &token, &crypt), &b[44..76]).then_some((token, crypt))
     }
 
-    /// Take the authenticated connection for `token`, if it has arrived.
-    pub fn take(&mut self, token: &[u8; 16]) -> Option<TcpStream> {
+    /// Take the authenticated connection for `token`, if it has arrived, with the sender's
+    /// encryption word.
+    fn take(&mut self, token: &[u8; 16]) -> Option<(TcpStream, CryptWord)> {
         self.ready.remove(token)
     }
 
@@ -214,7 +267,8 @@ impl Acceptor {
     }
 }
 
-/// Connect rank `peer`'s data port `addr` and send the hello for `token` (bounded by
+/// Connect rank `peer`'s data port `addr` and send the hello for `token` and the encryption
+/// word `crypt` (bounded by
 /// `deadline`). The port was published only once it listened, and it listens for as long as
 /// the peer's communicator exists, so a refusal is final: the peer is gone (no retry until the
 /// deadline, which was 600 s of waiting for a dead rank).
@@ -224,6 +278,7 @@ pub fn connect_with_hello(
     secret: &[u8; 32],
     comm: u64,
     token: &[u8; 16],
+    crypt: &CryptWord,
     deadline: Instant,
 ) -> Result<TcpStream> {
     let left = deadline.saturating_duration_since(Instant::now());
@@ -255,7 +310,8 @@ pub fn connect_with_hello(
     hello.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
     hello.extend_from_slice(&HELLO_VERSION.to_le_bytes());
     hello.extend_from_slice(token);
-    hello.extend_from_slice(&proof(secret, &hello_context(comm, token)));
+    hello.extend_from_slice(crypt);
+    hello.extend_from_slice(&proof(secret, &hello_context(comm, token, crypt)));
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     s.set_write_timeout(Some(left))
         .and_then(|_| s.write_all(&hello))
@@ -327,7 +383,9 @@ impl Transport for TcpTransport {
         blob.extend_from_slice(&token);
         blob.extend_from_slice(&(self.cfg.slot_bytes as u64).to_le_bytes());
         blob.push(self.cfg.lanes as u8);
-        Ok((Box::new(PendingTcp { acc, token, peer, cfg: self.cfg, lanes: Vec::new() }), blob))
+        blob.extend_from_slice(&crypt_word(self.cfg.encrypt.as_ref(), self.ctx.comm_id, &token));
+        let comm = self.ctx.comm_id;
+        Ok((Box::new(PendingTcp { acc, token, peer, comm, cfg: self.cfg, lanes: Vec::new() }), blob))
     }
 
     fn connect_send(&self, peer: usize, blob: &[u8], deadline: Instant) -> Result<Box<dyn SendConn>> {
@@ -338,13 +396,14 @@ impl Transport for TcpTransport {
             .and_then(|s| s.parse().ok())
             .ok_or_else(bad)?;
         let rest = blob.get(1 + n..).ok_or_else(bad)?;
-        if rest.len() != 2 + 16 + 8 + 1 {
+        if rest.len() != 2 + 16 + 8 + 1 + CRYPT_BYTES {
             return Err(bad());
         }
         let port = u16::from_le_bytes([rest[0], rest[1]]);
         let token: [u8; 16] = rest[2..18].try_into().unwrap();
         let max = u64::from_le_bytes(rest[18..26].try_into().unwrap()) as usize;
         let lanes = rest[26] as usize;
+        let theirs: CryptWord = rest[27..].try_into().unwrap();
         if !(1..=MAX_LANES).contains(&lanes) {
             return Err(bad());
         }
@@ -357,13 +416,20 @@ impl Transport for TcpTransport {
         }
         // the receiver's lane count rules (it reads lane i for frame i mod lanes)
         let cfg = TcpConfig { lanes, ..self.cfg };
+        let (comm, addr) = (self.ctx.comm_id, SocketAddr::new(ip, port));
+        let mine = crypt_word(cfg.encrypt.as_ref(), comm, &token);
+        if mine != theirs {
+            // the peer learns it from this hello, so both sides fail now, not at a timeout
+            let _ = connect_with_hello(peer, addr, &self.ctx.secret, comm, &lane_token(&token, 0), &mine, deadline);
+            return Err(crypt_mismatch(peer, &mine, &theirs));
+        }
         let mut out = Vec::with_capacity(lanes);
         for i in 0..lanes {
             let t = lane_token(&token, i);
-            let s =
-                connect_with_hello(peer, SocketAddr::new(ip, port), &self.ctx.secret, self.ctx.comm_id, &t, deadline)?;
+            let s = connect_with_hello(peer, addr, &self.ctx.secret, comm, &t, &mine, deadline)?;
             configure(&s, cfg.socket_buffer)?;
-            out.push(TcpSend::new(s, lane_slots(&cfg), cfg.slot_bytes, peer));
+            let seal = cfg.encrypt.map(|m| Sealer::new(&lane_key(&m, comm, &t)));
+            out.push(TcpSend::new(s, lane_slots(&cfg), cfg.slot_bytes, peer, seal));
         }
         Ok(Box::new(StripedSend { lanes: out, head: 0 }))
     }
@@ -373,6 +439,7 @@ struct PendingTcp {
     acc: Arc<Mutex<Acceptor>>,
     token: [u8; 16],
     peer: usize,
+    comm: u64,
     cfg: TcpConfig,
     lanes: Vec<TcpRecv>,
 }
@@ -384,9 +451,15 @@ impl PendingRecv for PendingTcp {
                 let mut a = self.acc.lock().unwrap();
                 a.poll()?;
                 while self.lanes.len() < self.cfg.lanes {
-                    let Some(s) = a.take(&lane_token(&self.token, self.lanes.len())) else { break };
+                    let t = lane_token(&self.token, self.lanes.len());
+                    let Some((s, theirs)) = a.take(&t) else { break };
+                    let mine = crypt_word(self.cfg.encrypt.as_ref(), self.comm, &self.token);
+                    if theirs != mine {
+                        return Err(crypt_mismatch(self.peer, &mine, &theirs));
+                    }
                     configure(&s, self.cfg.socket_buffer)?;
-                    self.lanes.push(TcpRecv::new(s, self.cfg.slot_bytes, self.peer));
+                    let open = self.cfg.encrypt.map(|m| Opener::new(&lane_key(&m, self.comm, &t)));
+                    self.lanes.push(TcpRecv::new(s, self.cfg.slot_bytes, self.peer, open));
                 }
                 if self.lanes.len() == self.cfg.lanes {
                     return Ok(Box::new(StripedRecv { lanes: std::mem::take(&mut self.lanes), tail: 0 }));

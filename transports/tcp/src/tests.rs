@@ -15,7 +15,8 @@ fn lo() -> IpAddr {
 fn a_data_port_nobody_listens_on_is_a_dead_peer_at_once() {
     let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let t = Instant::now();
-    let e = connect_with_hello(3, gone, &[1; 32], 7, &[2; 16], t + Duration::from_secs(30)).unwrap_err();
+    let e =
+        connect_with_hello(3, gone, &[1; 32], 7, &[2; 16], &[0; CRYPT_BYTES], t + Duration::from_secs(30)).unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!((e.cause, e.peer), (Some(Cause::PeerClosed), Some(3)), "{e}");
     assert!(e.message.contains("rank 3 died or left"), "{e}");
@@ -23,7 +24,7 @@ fn a_data_port_nobody_listens_on_is_a_dead_peer_at_once() {
 
 #[test]
 fn frames_flow_in_order_across_wraps() {
-    let cfg = TcpConfig { slots: 2, slot_bytes: 1000, lanes: 3, socket_buffer: Some(1 << 20) };
+    let cfg = TcpConfig { slots: 2, slot_bytes: 1000, lanes: 3, socket_buffer: Some(1 << 20), encrypt: None };
     let a = TcpTransport::new(ctx(1), cfg, lo());
     let b = TcpTransport::new(ctx(1), cfg, lo());
     let (p, blob) = b.setup_recv(0).unwrap();
@@ -96,6 +97,8 @@ fn malformed_blobs_are_rejected() {
         assert!(a.connect_send(1, blob, dl).is_err());
     }
 }
+
+mod encrypted;
 
 mod fuzz {
     use super::*;

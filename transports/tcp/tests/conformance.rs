@@ -15,12 +15,21 @@ fn make(cfg: TcpConfig) -> impl Fn() -> conformance::Instances {
 
 #[test]
 fn tcp_conforms() {
-    let cfg = TcpConfig { slots: 4, slot_bytes: 4096, lanes: 1, socket_buffer: Some(1 << 16) };
+    let cfg = TcpConfig { slots: 4, slot_bytes: 4096, lanes: 1, socket_buffer: Some(1 << 16), encrypt: None };
     assert_eq!(conformance::run_all(&make(cfg)), conformance::CHECKS.len());
 }
 
 #[test]
 fn tcp_with_three_lanes_conforms() {
-    let cfg = TcpConfig { slots: 6, slot_bytes: 1000, lanes: 3, socket_buffer: None };
+    let cfg = TcpConfig { slots: 6, slot_bytes: 1000, lanes: 3, socket_buffer: None, encrypt: None };
+    assert_eq!(conformance::run_all(&make(cfg)), conformance::CHECKS.len());
+}
+
+#[test]
+fn encrypted_tcp_conforms() {
+    let key = Some(oxccl_transport::seal::MasterKey([9; 32]));
+    let cfg = TcpConfig { slots: 4, slot_bytes: 4096, lanes: 1, socket_buffer: Some(1 << 16), encrypt: key };
+    assert_eq!(conformance::run_all(&make(cfg)), conformance::CHECKS.len());
+    let cfg = TcpConfig { slots: 6, slot_bytes: 1000, lanes: 3, socket_buffer: None, encrypt: key };
     assert_eq!(conformance::run_all(&make(cfg)), conformance::CHECKS.len());
 }
