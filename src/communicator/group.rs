@@ -252,6 +252,7 @@ impl<'a> Group<'a> {
         })();
         drop(setups);
         if let Err(e) = phased {
+            let e = e.with_op("connection setup");
             for sh in &shareds {
                 sh.set_error(e.clone());
             }

@@ -613,6 +613,23 @@ mod tests {
         let e = a.connect_send(1, &blob, dl).err().unwrap();
         assert_eq!(e.peer, Some(1));
     }
+
+    #[test]
+    fn a_peer_that_died_before_connecting_is_named_dead() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let e = open_doorbell(pid, 3).unwrap_err();
+        assert_eq!(
+            (e.kind, e.cause),
+            (oxccl_transport::ErrorKind::Remote, Some(oxccl_transport::Cause::PeerDied)),
+            "{e}"
+        );
+        assert!(Segment::open(pid, 3, 4096).err().unwrap().message.contains("died"));
+        // a live process without that descriptor is another failure, not a death
+        let e = open_doorbell(std::process::id(), 99_999).unwrap_err();
+        assert_eq!(e.cause, None, "{e}");
+    }
 }
 
 #[cfg(test)]

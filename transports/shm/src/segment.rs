@@ -116,12 +116,14 @@ impl Segment {
             .write(true)
             .open(&path)
             .map_err(|e| {
-                Error::system(
-                    format!(
-                        "opening peer's shared-memory segment {path} (peers on one host must be able to open each other's /proc/<pid>/fd; set NCCL_SHM_DISABLE=1 to use TCP)"
-                    ),
-                    &e,
-                )
+                died_or(pid, &e, || {
+                    Error::system(
+                        format!(
+                            "opening peer's shared-memory segment {path} (peers on one host must be able to open each other's /proc/<pid>/fd; set NCCL_SHM_DISABLE=1 to use TCP)"
+                        ),
+                        &e,
+                    )
+                })
             })?;
         let meta = file.metadata().map_err(|e| Error::system("stat of a shared-memory segment", &e))?;
         if (meta.len() as usize) < len {
@@ -203,6 +205,23 @@ pub fn open_doorbell(pid: u32, fd: i32) -> Result<OwnedFd> {
         .write(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(&path)
-        .map_err(|e| Error::system(format!("opening peer's doorbell {path}"), &e))?;
+        .map_err(|e| died_or(pid, &e, || Error::system(format!("opening peer's doorbell {path}"), &e)))?;
     Ok(OwnedFd::from(f))
+}
+
+/// A failed open of `/proc/<pid>/fd/<n>` because the process is gone (or a zombie, whose
+/// descriptors are closed) is the peer's death, said so; any other failure is `other()`.
+fn died_or(pid: u32, e: &std::io::Error, other: impl FnOnce() -> Error) -> Error {
+    let gone = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // the state is the field after the command name, which ends with the last ')'
+        Ok(s) => {
+            s.rsplit_once(')').is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
+        }
+    };
+    if e.kind() != std::io::ErrorKind::NotFound || !gone {
+        return other();
+    }
+    Error::remote(format!("its process (pid {pid}) died or exited before the connection was made"))
+        .with_cause(oxccl_transport::Cause::PeerDied)
 }
