@@ -8,7 +8,9 @@
 
 use crate::config::env_any;
 use crate::{Error, Result};
-use oxccl_transport::seal::{master_from_psk, master_from_secret, MasterKey, PSK_MIN_BYTES};
+/// Shortest pre-shared key accepted (32 bytes, as NCCL's `ncclSetEncryption`).
+pub use oxccl_transport::seal::PSK_MIN_BYTES;
+use oxccl_transport::seal::{master_from_psk, master_from_secret, MasterKey};
 use std::path::PathBuf;
 use std::sync::Mutex;
 

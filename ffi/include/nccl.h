@@ -207,7 +207,7 @@ typedef struct ncclCollConfig_v23200 {
   NCCL_CONFIG_UNDEF_PTR, /* launchCompletionEvent */                                        \
 }
 
-/* Encryption (NCCL 2.32; oxccl refuses the PSK mode until it can encrypt) */
+/* Encryption (NCCL 2.32): a PSK of at least 32 bytes; oxccl seals its TCP frames with AES-256-GCM keyed from it */
 typedef enum {
   NCCL_ENCRYPTION_MODE_NONE = 0,
   NCCL_ENCRYPTION_MODE_PSK = 1

@@ -1,12 +1,15 @@
 //! `ncclSetEncryption` (NCCL 2.32): the process-wide request to encrypt traffic between hosts.
 //!
-//! The config is validated exactly as NCCL's header defines it. oxccl does not encrypt yet, so
-//! a pre-shared-key request is refused with `ncclInvalidUsage` (never accepted and then ignored:
-//! traffic the user asked to protect must not go out in the clear). `NCCL_ENCRYPTION_MODE_NONE`
-//! is accepted and recorded.
+//! The config is validated as NCCL 2.32 does (magic, size, mode, a NUL-terminated key of at least
+//! 32 bytes), and more strictly: a NULL config is an error, not a silent reset. The setting goes to
+//! `oxccl::set_encryption`, so every communicator created afterwards in the process encrypts its
+//! traffic between hosts (AES-256-GCM keyed from the PSK; docs/security.md), and
+//! `NCCL_ENCRYPTION_MODE_NONE` turns it off again. Where NCCL uses TLS 1.3 with the PSK, oxccl
+//! seals its own frames: the two do not interoperate on the wire, which mixing libraries never did.
 
 use super::*;
-use crate::probe::{read_bytes, read_cstr};
+use crate::probe::{read_bytes, read_cstr_bytes};
+use oxccl::encryption::PSK_MIN_BYTES;
 
 /// `NCCL_ENCRYPTION_MODE_NONE`: plaintext.
 pub const NCCL_ENCRYPTION_MODE_NONE: c_int = 0;
@@ -28,9 +31,6 @@ pub struct ncclEncryptionConfig_t {
     pub psk: *const c_char,
 }
 
-/// The mode last set (process-wide, as in NCCL).
-static MODE: Mutex<c_int> = Mutex::new(NCCL_ENCRYPTION_MODE_NONE);
-
 fn set(config: *const ncclEncryptionConfig_t) -> R {
     if config.is_null() {
         return Err(arg("config is NULL"));
@@ -51,20 +51,17 @@ fn set(config: *const ncclEncryptionConfig_t) -> R {
     let mode = i32::from_ne_bytes(raw[16..20].try_into().unwrap());
     let psk = usize::from_ne_bytes(raw[24..32].try_into().unwrap()) as *const c_char;
     match mode {
-        NCCL_ENCRYPTION_MODE_NONE => {
-            *MODE.lock().unwrap() = mode;
-            Ok(ncclSuccess)
-        }
+        NCCL_ENCRYPTION_MODE_NONE => oxccl::set_encryption(oxccl::Encryption::Off).map(|_| ncclSuccess),
         NCCL_ENCRYPTION_MODE_PSK => {
-            let key = read_cstr(psk, 4096, "ncclEncryptionConfig_t.psk")?
+            let key = read_cstr_bytes(psk, 4096, "ncclEncryptionConfig_t.psk")?
                 .ok_or_else(|| arg("NCCL_ENCRYPTION_MODE_PSK with a NULL psk"))?;
-            if key.is_empty() {
-                return Err(arg("NCCL_ENCRYPTION_MODE_PSK with an empty psk"));
+            if key.len() < PSK_MIN_BYTES {
+                return Err(arg(format!(
+                    "ncclEncryptionConfig_t.psk has {} bytes; a pre-shared key needs at least {PSK_MIN_BYTES}",
+                    key.len()
+                )));
             }
-            Err(Error::invalid_usage(
-                "ncclSetEncryption: oxccl cannot encrypt its traffic yet, so NCCL_ENCRYPTION_MODE_PSK is refused rather \
-                 than accepted and ignored (nothing would be protected)",
-            ))
+            oxccl::set_encryption(oxccl::Encryption::Psk(key)).map(|_| ncclSuccess)
         }
         m => {
             Err(arg(format!("ncclEncryptionConfig_t.mode {m} is not an NCCL_ENCRYPTION_MODE_* value (0 none, 1 PSK)")))
@@ -75,7 +72,7 @@ fn set(config: *const ncclEncryptionConfig_t) -> R {
 export! {
     EXPORTED;
 
-    /// `ncclSetEncryption`: mode none is recorded; PSK is refused until oxccl encrypts.
+    /// `ncclSetEncryption`: the process-wide encryption of traffic between hosts.
     fn ncclSetEncryption / pncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
         boundary("ncclSetEncryption", || set(config))
     }
@@ -87,11 +84,18 @@ mod tests {
     use oxccl::ErrorKind;
 
     #[test]
-    fn configs_are_validated_and_psk_refused() {
+    fn configs_are_validated_and_a_psk_accepted() {
         assert_eq!(std::mem::size_of::<ncclEncryptionConfig_t>(), 32);
         let mk = |mode, psk| ncclEncryptionConfig_t { size: 32, magic: NCCL_API_MAGIC, version: 23203, mode, psk };
         assert_eq!(set(&mk(0, std::ptr::null())).unwrap(), ncclSuccess);
-        assert_eq!(set(&mk(1, c"secret".as_ptr())).unwrap_err().kind, ErrorKind::InvalidUsage);
+        assert_eq!(set(&mk(1, c"secret".as_ptr())).unwrap_err().kind, ErrorKind::InvalidArgument, "short key");
+        assert_eq!(set(&mk(1, c"a pre-shared key of thirty-two bytes".as_ptr())).unwrap(), ncclSuccess);
+        assert_eq!(
+            oxccl::Config::from_env().encryption,
+            oxccl::Encryption::Psk(b"a pre-shared key of thirty-two bytes".to_vec())
+        );
+        assert_eq!(set(&mk(0, std::ptr::null())).unwrap(), ncclSuccess);
+        assert_eq!(oxccl::Config::from_env().encryption, oxccl::Encryption::Off);
         assert_eq!(set(&mk(1, std::ptr::null())).unwrap_err().kind, ErrorKind::InvalidArgument);
         assert_eq!(set(&mk(1, c"".as_ptr())).unwrap_err().kind, ErrorKind::InvalidArgument);
         assert_eq!(set(&mk(1, 8 as *const c_char)).unwrap_err().kind, ErrorKind::InvalidArgument);

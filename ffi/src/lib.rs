@@ -32,7 +32,6 @@
 use libc::{c_char, c_int, c_void, size_t};
 
 use oxccl::{CallOptions, Coll, Error};
-use std::sync::Mutex;
 
 // ---- the exported functions --------------------------------------------------------------------
 

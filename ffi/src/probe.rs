@@ -55,6 +55,11 @@ pub fn write_bytes(p: usize, bytes: &[u8]) -> bool {
 
 /// A NUL-terminated string of at most `max` bytes at `p` (NULL is `Ok(None)`).
 pub fn read_cstr(p: *const c_char, max: usize, what: &str) -> Result<Option<String>, Error> {
+    Ok(read_cstr_bytes(p, max, what)?.map(|s| String::from_utf8_lossy(&s).into_owned()))
+}
+
+/// [`read_cstr`]'s bytes as they are (for keys, which need not be UTF-8).
+pub fn read_cstr_bytes(p: *const c_char, max: usize, what: &str) -> Result<Option<Vec<u8>>, Error> {
     if p.is_null() {
         return Ok(None);
     }
@@ -67,7 +72,7 @@ pub fn read_cstr(p: *const c_char, max: usize, what: &str) -> Result<Option<Stri
             .ok_or_else(|| Error::invalid_argument(format!("{what} ({at:#x}) points to unreadable memory")))?;
         if let Some(end) = chunk.iter().position(|&b| b == 0) {
             s.extend_from_slice(&chunk[..end]);
-            return Ok(Some(String::from_utf8_lossy(&s).into_owned()));
+            return Ok(Some(s));
         }
         s.extend_from_slice(&chunk);
         at += n;

@@ -127,7 +127,7 @@ int main(void) {
     EXPECT_RC(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, NULL, NULL, &cc), ncclInvalidArgument);
     EXPECT_RC(ncclScatterConfig(a, b, 8, ncclFloat32, 3, comm, NULL, &cc), ncclInvalidArgument);
     CHECK(ncclAllReduceConfig(a, b, 8, ncclFloat32, ncclSum, comm, NULL, &cc));
-    /* encryption: validated; PSK refused until oxccl encrypts */
+    /* encryption: validated; a PSK of at least 32 bytes accepted (then turned off again) */
     ncclEncryptionConfig_t ec = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
     EXPECT_RC(ncclSetEncryption(NULL), ncclInvalidArgument);
     EXPECT_RC(ncclSetEncryption((ncclEncryptionConfig_t*)junkp), ncclInvalidArgument);
@@ -136,9 +136,16 @@ int main(void) {
     EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument); /* NULL key */
     ec.psk = (const char*)junkp;
     EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
-    ec.psk = "0123456789abcdef";
-    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidUsage);
-    EXPECT(strstr(ncclGetLastError(NULL), "cannot encrypt"), "message: %s", ncclGetLastError(NULL));
+    ec.psk = "0123456789abcdef"; /* 16 bytes: too short */
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "at least 32"), "message: %s", ncclGetLastError(NULL));
+    ec.psk = "";
+    EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
+    ec.psk = "a pre-shared key of at least thirty-two bytes";
+    CHECK(ncclSetEncryption(&ec));
+    ec.mode = NCCL_ENCRYPTION_MODE_NONE;
+    CHECK(ncclSetEncryption(&ec));
+    ec.mode = NCCL_ENCRYPTION_MODE_PSK;
     ec.mode = 42;
     EXPECT_RC(ncclSetEncryption(&ec), ncclInvalidArgument);
     ec.mode = NCCL_ENCRYPTION_MODE_NONE;
