@@ -41,7 +41,7 @@ fn encrypted_collectives_are_exact_with_every_key_source() {
 #[test]
 fn a_short_or_missing_key_is_refused_at_init() {
     for e in [Encryption::Psk(vec![1; 31]), Encryption::PskFile("/nonexistent/oxccl.psk".into())] {
-        let err = Communicator::init_all_with_config(2, tcp(e)).err().expect("refused");
+        let Err(err) = Communicator::init_all_with_config(2, tcp(e)) else { panic!("accepted") };
         assert!(matches!(err.kind, ErrorKind::InvalidArgument | ErrorKind::System), "{err}");
     }
     assert_eq!(oxccl::set_encryption(Encryption::Psk(vec![1; 8])).unwrap_err().kind, ErrorKind::InvalidArgument);

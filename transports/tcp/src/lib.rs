@@ -18,7 +18,7 @@
 //! silent, slow, garbage-sending or oversized stranger is dropped without delaying anyone; it never
 //! allocates based on what a stranger sends.
 //!
-//! Data moves as frames (a [`Header`] then the payload). The send side copies into one of its
+//! Data moves as frames (a [`Header`](oxccl_transport::Header) then the payload). The send side copies into one of its
 //! slots and flushes with non-blocking writes; the receive side reads ahead into a buffer and
 //! hands out complete frames in place. This crate has no `unsafe`.
 
