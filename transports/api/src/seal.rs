@@ -9,7 +9,7 @@
 //!
 //! **Keys.** A job's master key comes from its pre-shared key ([`master_from_psk`]) or from the
 //! unique id's secret ([`master_from_secret`]). Every connection (and every lane of one) derives
-//! its own key with [`derive`] from the master key and the connection's fresh random token, so
+//! its own key with [`derive()`] from the master key and the connection's fresh random token, so
 //! no two connections share a key and nonces can be plain counters.
 //!
 //! **Nonces.** A [`Sealer`] numbers its frames 0, 1, 2, ... and the matching [`Opener`] expects
