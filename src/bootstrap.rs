@@ -64,7 +64,9 @@ impl UniqueId {
         random_bytes(&mut secret)?;
         let mut job = [0u8; 8];
         random_bytes(&mut job)?;
-        let server = StoreServer::start(listener, Some(secret))?;
+        // with encryption on, the store's traffic is sealed too (docs/security.md)
+        let master = cfg.encryption.master(&secret)?;
+        let server = StoreServer::start_sealed(listener, Some(secret), master)?;
         let id = UniqueId::encode(server.addr(), &secret, &job);
         tracing::info!("oxccl: bootstrap store listening on {}", server.addr());
         let unowned = Unowned { job, generation: crate::fork_generation(), server: Arc::new(server) };
@@ -136,7 +138,8 @@ impl UniqueId {
     /// waiting until the timeout for a rank that will never join. Ranks past init do not read
     /// it (they notice a dead peer themselves). The first report stands.
     pub fn report_failure(&self, why: &str) -> Result<()> {
-        let store = TcpStore::connect(self.addr()?, Some(self.secret()), Duration::from_secs(2))?;
+        let master = Config::from_env().encryption.master(&self.secret())?;
+        let store = TcpStore::connect_sealed(self.addr()?, Some(self.secret()), master, Duration::from_secs(2))?;
         let key = format!("{}/init-failed", job_prefix(&self.job()));
         if !store.check(std::slice::from_ref(&key))? {
             store.set(&key, why.as_bytes())?;
@@ -251,7 +254,14 @@ pub(crate) fn from_unique_id_owning(id: &UniqueId, cfg: &Config, own: bool) -> R
         g.retain(|u| u.generation == now);
         g.iter().position(|u| u.job == job).map(|i| g.remove(i).server)
     };
-    let store = TcpStore::connect(addr, Some(id.secret()), cfg.timeout)?;
+    let master = cfg.encryption.master(&id.secret())?;
+    let report = (
+        format!("{}/init-failed", job_prefix(&job)),
+        "a rank's encryption setting or key differs from the job's (its bootstrap store refused it): every rank \
+         needs the same OXCCL_ENCRYPT / OXCCL_PSK_FILE / ncclSetEncryption"
+            .to_string(),
+    );
+    let store = TcpStore::connect_member(addr, id.secret(), master, report, cfg.timeout)?;
     Ok(Rendezvous {
         store: Arc::new(store),
         prefix: job_prefix(&job),

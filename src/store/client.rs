@@ -1,9 +1,11 @@
 //! [`TcpStore`]: a client of a c10d-compatible TCP store (torchrun's, or oxccl's own server).
 
+use super::sealed::{mode_word, Conn, CHALLENGE_BYTES};
 use super::wire::*;
 use super::{store_timeout, Store, AUTH_TIMEOUT};
-use crate::{Error, ErrorKind, Result};
+use crate::{Cause, Error, ErrorKind, Result};
 use oxccl_transport::proof;
+use oxccl_transport::seal::MasterKey;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Mutex;
@@ -13,7 +15,10 @@ use std::time::{Duration, Instant};
 pub struct TcpStore {
     addr: SocketAddr,
     secret: Option<[u8; 32]>,
-    conn: Mutex<Option<TcpStream>>,
+    master: Option<MasterKey>,
+    /// What to leave in the store (key, text) if the server refuses this client's encryption.
+    report: Option<(String, String)>,
+    conn: Mutex<Option<Conn>>,
     connect_timeout: Duration,
     /// Reached once: a refused reconnection then means the server's process is gone (a store
     /// is not restarted), said at once instead of retrying until the timeout.
@@ -24,19 +29,37 @@ impl TcpStore {
     /// Connect to the store at `addr`, retrying until `timeout`. With `secret`, answer the
     /// server's challenge (oxccl's authenticated mode).
     pub fn connect(addr: SocketAddr, secret: Option<[u8; 32]>, timeout: Duration) -> Result<TcpStore> {
+        Self::connect_sealed(addr, secret, None, timeout)
+    }
+
+    /// [`TcpStore::connect`]; with a `secret` and a `master` key, every request and answer is
+    /// encrypted (an oxccl server started with the same key). A server that does not agree on
+    /// encryption or key is an error at once, naming it.
+    pub fn connect_sealed(
+        addr: SocketAddr,
+        secret: Option<[u8; 32]>,
+        master: Option<MasterKey>,
+        timeout: Duration,
+    ) -> Result<TcpStore> {
         let st = TcpStore {
             addr,
             secret,
+            master: secret.and(master),
+            report: None,
             conn: Mutex::new(None),
             connect_timeout: timeout,
             reached: std::sync::atomic::AtomicBool::new(false),
         };
-        let s = st.open()?;
-        *st.conn.lock().unwrap() = Some(s);
-        Ok(st)
+        st.first_connection()
     }
 
-    fn open(&self) -> Result<TcpStream> {
+    fn first_connection(self) -> Result<TcpStore> {
+        let s = self.open()?;
+        *self.conn.lock().unwrap() = Some(s);
+        Ok(self)
+    }
+
+    fn open(&self) -> Result<Conn> {
         let deadline = Instant::now() + self.connect_timeout;
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -61,6 +84,7 @@ impl TcpStore {
                     self.reached.store(true, std::sync::atomic::Ordering::Relaxed);
                     return Ok(s);
                 }
+                Err(e) if e.cause == Some(Cause::Mismatch) => return Err(e),
                 Err(e) if Instant::now() + backoff >= deadline => {
                     let mut e = Error::timeout(format!(
                         "could not reach the bootstrap store at {} within {:.1} s: {}",
@@ -79,6 +103,28 @@ impl TcpStore {
         }
     }
 
+    /// [`TcpStore::connect_sealed`] for a rank joining a job: if the server refuses this
+    /// client's encryption setting, leave `text` under `key` (the job's `init-failed`) first,
+    /// so the other ranks fail at once with it.
+    pub(crate) fn connect_member(
+        addr: SocketAddr,
+        secret: [u8; 32],
+        master: Option<MasterKey>,
+        report: (String, String),
+        timeout: Duration,
+    ) -> Result<TcpStore> {
+        let st = TcpStore {
+            addr,
+            secret: Some(secret),
+            master,
+            report: Some(report),
+            conn: Mutex::new(None),
+            connect_timeout: timeout,
+            reached: std::sync::atomic::AtomicBool::new(false),
+        };
+        st.first_connection()
+    }
+
     /// Ask the server for a store's ping (c10d's PING, a nonce echoed): an error within
     /// [`AUTH_TIMEOUT`] when the program on the port is not a store.
     pub fn ping(&self) -> Result<()> {
@@ -92,20 +138,48 @@ impl TcpStore {
         Ok(())
     }
 
-    fn handshake(&self, mut s: TcpStream) -> Result<TcpStream> {
+    fn handshake(&self, mut s: TcpStream) -> Result<Conn> {
         let io = |e: std::io::Error| Error::system("bootstrap store handshake", &e);
         s.set_nodelay(true).map_err(io)?;
-        if let Some(secret) = &self.secret {
-            s.set_read_timeout(Some(AUTH_TIMEOUT)).map_err(io)?;
-            let nonce = read_exact(&mut s, 16).map_err(io)?;
-            let mut ctx = b"oxccl-store".to_vec();
-            ctx.extend_from_slice(&nonce);
-            s.write_all(&proof(secret, &ctx)).map_err(io)?;
-        }
+        let mut conn = match &self.secret {
+            None => Conn::Plain(s),
+            Some(secret) => {
+                s.set_read_timeout(Some(AUTH_TIMEOUT)).map_err(io)?;
+                let chal = read_exact(&mut s, CHALLENGE_BYTES).map_err(io)?;
+                let (nonce, theirs) = chal.split_at(16);
+                let mine = mode_word(self.master.as_ref(), nonce);
+                s.write_all(&[&mine[..], &proof(secret, &proof_context(nonce, &mine))[..]].concat()).map_err(io)?;
+                if theirs != mine {
+                    // a member the server refuses: it may leave the reason for the others
+                    if let Some((k, v)) = &self.report {
+                        let mut b = vec![q::SET];
+                        put_key(&mut b, k);
+                        put_bytes(&mut b, v.as_bytes());
+                        let _ = s.write_all(&b);
+                    }
+                    return Err(self.mismatch(theirs[0] != 0));
+                }
+                Conn::new(s, self.master.as_ref(), nonce, true)
+            }
+        };
         let mut b = vec![q::VALIDATE];
         b.extend_from_slice(&VALIDATE_MAGIC.to_ne_bytes());
-        s.write_all(&b).map_err(io)?;
-        Ok(s)
+        conn.write_all(&b).map_err(io)?;
+        Ok(conn)
+    }
+
+    fn mismatch(&self, server_encrypts: bool) -> Error {
+        let what = match (server_encrypts, self.master.is_some()) {
+            (true, false) => "encrypts its traffic and this process does not",
+            (false, true) => "does not encrypt its traffic and this process does",
+            _ => "encrypts its traffic with a different key",
+        };
+        Error::invalid_usage(format!(
+            "the bootstrap store at {} {what}: every rank needs the same encryption setting and key (OXCCL_ENCRYPT, \
+             OXCCL_PSK_FILE or ncclSetEncryption, set before the unique id is made)",
+            self.addr
+        ))
+        .with_cause(Cause::Mismatch)
     }
 
     /// Run one request/response exchange. On an I/O error or timeout the connection is dropped
@@ -114,7 +188,7 @@ impl TcpStore {
         &self,
         req: &[u8],
         timeout: Option<Duration>,
-        resp: impl FnOnce(&mut TcpStream) -> std::io::Result<R>,
+        resp: impl FnOnce(&mut Conn) -> std::io::Result<R>,
     ) -> Result<R> {
         let mut g = self.conn.lock().unwrap();
         if g.is_none() {
@@ -122,6 +196,7 @@ impl TcpStore {
         }
         let s = g.as_mut().unwrap();
         let r = s
+            .stream()
             .set_read_timeout(timeout.map(|t| t.max(Duration::from_millis(1))))
             .and_then(|_| s.write_all(req))
             .and_then(|_| resp(s));
@@ -195,4 +270,9 @@ impl Store for TcpStore {
         put_key(&mut b, key);
         self.call(&b, Some(self.connect_timeout), |s| Ok(i64::from_ne_bytes(read_exact(s, 8)?.try_into().unwrap()) > 0))
     }
+}
+
+/// What a client's proof covers: the server's nonce and its mode word.
+pub(super) fn proof_context(nonce: &[u8], mode: &[u8]) -> Vec<u8> {
+    [&b"oxccl-store"[..], nonce, mode].concat()
 }

@@ -9,6 +9,7 @@
 //! [`MemStore`] serves threads-as-ranks in one process.
 
 mod client;
+mod sealed;
 mod server;
 mod wire;
 

@@ -1,7 +1,9 @@
 //! [`StoreServer`]: oxccl's c10d-compatible store server, authenticated with a unique id's secret.
 
+use super::sealed::{mode_word, Conn};
 use super::wire::*;
 use super::AUTH_TIMEOUT;
+use oxccl_transport::seal::MasterKey;
 use crate::{Error, Result};
 use oxccl_transport::{random_bytes, verify_proof};
 use std::collections::HashMap;
@@ -19,6 +21,7 @@ struct ServerState {
     stop: AtomicBool,
     clients: Mutex<Vec<TcpStream>>,
     secret: Option<[u8; 32]>,
+    master: Option<MasterKey>,
     rejected: std::sync::atomic::AtomicUsize,
 }
 
@@ -35,6 +38,17 @@ pub struct StoreServer {
 impl StoreServer {
     /// Serve on `listener`. With `secret`, clients must answer a challenge first.
     pub fn start(listener: TcpListener, secret: Option<[u8; 32]>) -> Result<StoreServer> {
+        Self::start_sealed(listener, secret, None)
+    }
+
+    /// [`StoreServer::start`]; with a `secret` and a `master` key, every request and answer is
+    /// also encrypted (the job encrypts its traffic, docs/security.md), and clients that do not
+    /// encrypt, or hold another key, are refused at the challenge.
+    pub fn start_sealed(
+        listener: TcpListener,
+        secret: Option<[u8; 32]>,
+        master: Option<MasterKey>,
+    ) -> Result<StoreServer> {
         let addr = listener.local_addr().map_err(|e| Error::system("store local_addr", &e))?;
         let state = Arc::new(ServerState {
             map: Mutex::new(HashMap::new()),
@@ -42,6 +56,7 @@ impl StoreServer {
             stop: AtomicBool::new(false),
             clients: Mutex::new(Vec::new()),
             secret,
+            master: secret.and(master),
             rejected: Default::default(),
         });
         let st = state.clone();
@@ -103,17 +118,18 @@ impl Drop for StoreServer {
     }
 }
 
-fn serve_client(st: Arc<ServerState>, mut s: TcpStream) {
+fn serve_client(st: Arc<ServerState>, s: TcpStream) {
     let _ = s.set_nodelay(true);
-    if let Err(e) = serve_inner(&st, &mut s) {
+    let Ok(keep) = s.try_clone() else { return };
+    if let Err(e) = serve_inner(&st, s) {
         if e.kind() == std::io::ErrorKind::InvalidData || e.kind() == std::io::ErrorKind::PermissionDenied {
             st.rejected.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("oxccl store: dropped client {:?}: {e}", s.peer_addr().ok());
+            tracing::warn!("oxccl store: dropped client {:?}: {e}", keep.peer_addr().ok());
         }
     }
-    let _ = s.shutdown(Shutdown::Both);
+    let _ = keep.shutdown(Shutdown::Both);
     let mut clients = st.clients.lock().unwrap();
-    let me = s.peer_addr().ok();
+    let me = keep.peer_addr().ok();
     clients.retain(|c| c.peer_addr().ok() != me);
 }
 
@@ -147,7 +163,7 @@ fn client_gone(s: &TcpStream) -> bool {
     gone
 }
 
-fn read_keys(s: &mut TcpStream) -> std::io::Result<Vec<String>> {
+fn read_keys(s: &mut Conn) -> std::io::Result<Vec<String>> {
     let n = read_u64(s)?;
     if n > MAX_KEYS {
         return Err(invalid("too many keys"));
@@ -155,40 +171,70 @@ fn read_keys(s: &mut TcpStream) -> std::io::Result<Vec<String>> {
     (0..n).map(|_| read_key(s)).collect()
 }
 
-fn serve_inner(st: &ServerState, s: &mut TcpStream) -> std::io::Result<()> {
-    if let Some(secret) = &st.secret {
-        authenticate(secret, s)?;
-    }
+fn serve_inner(st: &ServerState, mut s: TcpStream) -> std::io::Result<()> {
+    let mut conn = match &st.secret {
+        Some(secret) => match authenticate(secret, st.master.as_ref(), &mut s)? {
+            Some(nonce) => Conn::new(s, st.master.as_ref(), &nonce, false),
+            None => return take_refusal_report(st, &mut s),
+        },
+        None => Conn::Plain(s),
+    };
     loop {
         let mut op = [0u8; 1];
-        if s.read(&mut op)? == 0 {
+        if conn.read(&mut op)? == 0 {
             return Ok(());
         }
-        let out = answer(st, s, op[0])?;
+        let out = answer(st, &mut conn, op[0])?;
         if !out.is_empty() {
-            s.write_all(&out)?;
+            conn.write_all(&out)?;
         }
     }
 }
 
-/// The client proves it knows the secret: a keyed hash of a fresh nonce, within AUTH_TIMEOUT.
-fn authenticate(secret: &[u8; 32], s: &mut TcpStream) -> std::io::Result<()> {
+/// The client proves it knows the secret: its encryption mode word and a keyed hash of a fresh
+/// nonce and that word, within AUTH_TIMEOUT. Returns the nonce when the client's mode is the
+/// server's; `None` for a member that does not agree on encryption (it may then only report
+/// its refusal).
+fn authenticate(
+    secret: &[u8; 32],
+    master: Option<&MasterKey>,
+    s: &mut TcpStream,
+) -> std::io::Result<Option<[u8; 16]>> {
     let mut nonce = [0u8; 16];
     random_bytes(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
-    s.write_all(&nonce)?;
+    let mode = mode_word(master, &nonce);
+    s.write_all(&[&nonce[..], &mode[..]].concat())?;
     s.set_read_timeout(Some(AUTH_TIMEOUT))?;
-    let claimed = read_exact(s, 32)
+    let answer = read_exact(s, 17 + 32)
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no authentication in time"))?;
-    let mut ctx = b"oxccl-store".to_vec();
-    ctx.extend_from_slice(&nonce);
-    if !verify_proof(secret, &ctx, &claimed) {
+    let (theirs, claimed) = answer.split_at(17);
+    if !verify_proof(secret, &super::client::proof_context(&nonce, theirs), claimed) {
         return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "bad secret proof"));
     }
-    s.set_read_timeout(None)
+    s.set_read_timeout(None)?;
+    Ok((theirs == mode).then_some(nonce))
+}
+
+/// A member refused for its encryption setting may set one `.../init-failed` key (plain, at most
+/// 4 KiB), so the ranks waiting in init fail at once with its reason instead of at the timeout;
+/// then the connection ends.
+fn take_refusal_report(st: &ServerState, s: &mut TcpStream) -> std::io::Result<()> {
+    tracing::warn!("oxccl store: refused a rank that does not agree on encryption ({:?})", s.peer_addr().ok());
+    s.set_read_timeout(Some(AUTH_TIMEOUT))?;
+    if read_exact(s, 1)?[0] != q::SET {
+        return Ok(());
+    }
+    let k = read_key(s)?;
+    let v = read_sized(s, 4096)?;
+    if k.ends_with("/init-failed") {
+        st.map.lock().unwrap().entry(k).or_insert(v);
+        st.cv.notify_all();
+    }
+    Ok(())
 }
 
 /// Read the rest of query `op` and carry it out; returns the answer (empty: none).
-fn answer(st: &ServerState, s: &mut TcpStream, op: u8) -> std::io::Result<Vec<u8>> {
+fn answer(st: &ServerState, s: &mut Conn, op: u8) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     match op {
         q::VALIDATE => {
@@ -226,7 +272,7 @@ fn answer(st: &ServerState, s: &mut TcpStream, op: u8) -> std::io::Result<Vec<u8
         }
         q::GET => {
             let k = read_key(s)?;
-            let g = wait_keys(st, std::slice::from_ref(&k), s)?;
+            let g = wait_keys(st, std::slice::from_ref(&k), s.stream())?;
             put_bytes(&mut out, &g[&k]);
         }
         q::ADD => {
@@ -246,7 +292,7 @@ fn answer(st: &ServerState, s: &mut TcpStream, op: u8) -> std::io::Result<Vec<u8
         }
         q::WAIT => {
             let keys = read_keys(s)?;
-            drop(wait_keys(st, &keys, s)?);
+            drop(wait_keys(st, &keys, s.stream())?);
             out.push(0);
         }
         q::GETNUMKEYS => {
@@ -265,7 +311,7 @@ fn answer(st: &ServerState, s: &mut TcpStream, op: u8) -> std::io::Result<Vec<u8
         }
         q::MULTI_GET => {
             let keys = read_keys(s)?;
-            let g = wait_keys(st, &keys, s)?;
+            let g = wait_keys(st, &keys, s.stream())?;
             for k in &keys {
                 put_bytes(&mut out, &g[k]);
             }

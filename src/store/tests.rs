@@ -5,6 +5,8 @@ use super::*;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 
+use basic::exercise as basic_exercise;
+
 mod basic {
     use super::*;
 
@@ -12,7 +14,7 @@ mod basic {
         StoreServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), secret).unwrap()
     }
 
-    fn exercise(st: &dyn Store) {
+    pub(super) fn exercise(st: &dyn Store) {
         st.set("a", b"1").unwrap();
         assert_eq!(st.get("a", Duration::from_secs(1)).unwrap(), b"1");
         assert_eq!(st.add("n", 5).unwrap(), 5);
@@ -96,6 +98,109 @@ mod basic {
         // the server is still fine
         let ok = TcpStore::connect(s.addr(), None, Duration::from_secs(1)).unwrap();
         ok.set("a", b"b").unwrap();
+    }
+}
+
+mod sealed {
+    use super::*;
+    use oxccl_transport::seal::MasterKey;
+
+    const KEY: Option<MasterKey> = Some(MasterKey([7; 32]));
+    const SECRET: [u8; 32] = [4; 32];
+
+    fn server(master: Option<MasterKey>) -> StoreServer {
+        StoreServer::start_sealed(TcpListener::bind("127.0.0.1:0").unwrap(), Some(SECRET), master).unwrap()
+    }
+
+    fn client(addr: std::net::SocketAddr, master: Option<MasterKey>) -> Result<TcpStore> {
+        TcpStore::connect_sealed(addr, Some(SECRET), master, Duration::from_secs(5))
+    }
+
+    /// A one-connection proxy to `to` that flips bit 0x10 of byte `flip` of the client's stream
+    /// (if given) and returns everything both ways, once the connection closes.
+    fn proxy(to: std::net::SocketAddr, flip: Option<usize>) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut a, _) = l.accept().unwrap();
+            let mut b = TcpStream::connect(to).unwrap();
+            let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+            let back = std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = b2.read(&mut buf) {
+                    seen.extend_from_slice(&buf[..n]);
+                    let _ = a2.write_all(&buf[..n]);
+                }
+                let _ = a2.shutdown(Shutdown::Both);
+                seen
+            });
+            let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+            while let Ok(n @ 1..) = a.read(&mut buf) {
+                let at = seen.len();
+                if let Some(f) = flip.filter(|f| (at..at + n).contains(f)) {
+                    buf[f - at] ^= 0x10;
+                }
+                seen.extend_from_slice(&buf[..n]);
+                let _ = b.write_all(&buf[..n]);
+            }
+            let _ = b.shutdown(Shutdown::Both);
+            seen.extend(back.join().unwrap());
+            let _ = tx.send(seen);
+        });
+        (addr, rx)
+    }
+
+    #[test]
+    fn a_sealed_store_works_and_shows_no_key_or_value() {
+        let s = server(KEY);
+        basic_exercise(&client(s.addr(), KEY).unwrap());
+        let (p, wire) = proxy(s.addr(), None);
+        let c = client(p, KEY).unwrap();
+        c.set("visible-key", b"VISIBLE-VALUE").unwrap();
+        assert_eq!(c.get("visible-key", Duration::from_secs(1)).unwrap(), b"VISIBLE-VALUE");
+        drop(c);
+        let wire = wire.recv_timeout(Duration::from_secs(5)).unwrap();
+        let has = |n: &[u8]| wire.windows(n.len()).any(|w| w == n);
+        assert!(!has(b"VISIBLE-VALUE") && !has(b"visible-key"), "no plaintext on a sealed store connection");
+        // the same through a plain authenticated store shows both
+        let s = server(None);
+        let (p, wire) = proxy(s.addr(), None);
+        let c = client(p, None).unwrap();
+        c.set("visible-key", b"VISIBLE-VALUE").unwrap();
+        drop(c);
+        let wire = wire.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(wire.windows(13).any(|w| w == b"VISIBLE-VALUE"));
+    }
+
+    #[test]
+    fn disagreeing_clients_are_refused_at_once() {
+        let other = Some(MasterKey([8; 32]));
+        for (srv, cli, what) in [
+            (KEY, None, "encrypts its traffic and this process does not"),
+            (None, KEY, "does not encrypt its traffic and this process does"),
+            (KEY, other, "different key"),
+        ] {
+            let s = server(srv);
+            let t = Instant::now();
+            let Err(e) = client(s.addr(), cli) else { panic!("accepted") };
+            assert!(t.elapsed() < Duration::from_secs(1), "not retried until the timeout: {:?}", t.elapsed());
+            assert_eq!((e.kind, e.cause), (ErrorKind::InvalidUsage, Some(crate::Cause::Mismatch)), "{e}");
+            assert!(e.message.contains(what), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_is_refused_and_nothing_of_it_is_stored() {
+        let s = server(KEY);
+        // the client's stream: proof (32 bytes), the VALIDATE record (4 + 5 + 16), then the SET's
+        let (p, _wire) = proxy(s.addr(), Some(32 + 25 + 8));
+        let c = client(p, KEY).unwrap();
+        assert!(c.set("k", b"altered").is_err() || c.check(&["k".into()]).is_err());
+        assert!(s.rejected() >= 1, "the server dropped the connection as tampered");
+        let ok = client(s.addr(), KEY).unwrap();
+        assert!(!ok.check(&["k".into()]).unwrap(), "nothing of the altered request was applied");
     }
 }
 
