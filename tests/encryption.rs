@@ -106,3 +106,16 @@ fn the_unique_ids_store_is_sealed_and_refuses_another_key() {
     assert_eq!(e.cause, Some(Cause::Mismatch), "{e}");
     assert!(e.to_string().contains("bootstrap store") && e.to_string().contains("different key"), "{e}");
 }
+
+/// RDMA's one-sided writes cannot be decrypted before use: with encryption on, an explicit
+/// RDMA network is refused at init (the automatic choice stays on encrypted TCP).
+#[cfg(feature = "rdma")]
+#[test]
+fn encryption_refuses_an_explicit_rdma_network() {
+    for net in ["ofi", "ib"] {
+        let cf = Config { net: Some(net.into()), ..tcp(Encryption::UniqueId) };
+        let Err(e) = Communicator::init_all_with_config(2, cf) else { panic!("OXCCL_NET={net} accepted") };
+        assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        assert!(e.to_string().contains("RDMA network, which oxccl does not encrypt"), "{e}");
+    }
+}
