@@ -86,6 +86,38 @@ pub fn key_check(master: &[u8; KEY_BYTES], context: &[u8]) -> [u8; 16] {
     out
 }
 
+/// Bytes of a connection's encryption word: mode (u32 LE, 0 plain, 1 AES-256-GCM) and a 16-byte
+/// key check.
+pub const WORD_BYTES: usize = 20;
+
+/// A side's encryption word for a connection identified by `context`: what the receiver's setup
+/// blob and the sender's hello carry, so that sides that disagree fail at setup.
+pub fn mode_word(master: Option<&MasterKey>, context: &[u8]) -> [u8; WORD_BYTES] {
+    let mut w = [0u8; WORD_BYTES];
+    if let Some(m) = master {
+        w[..4].copy_from_slice(&1u32.to_le_bytes());
+        w[4..].copy_from_slice(&key_check(&m.0, context));
+    }
+    w
+}
+
+/// The setup error when `peer`'s encryption word (`theirs`) is not this rank's (`mine`), on a
+/// connection of `what` ("TCP", "RDMA").
+pub fn mode_mismatch(peer: usize, what: &str, mine: &[u8; WORD_BYTES], theirs: &[u8; WORD_BYTES]) -> Error {
+    let enc = |w: &[u8; WORD_BYTES]| w[..4] != [0; 4];
+    let how = match (enc(mine), enc(theirs)) {
+        (true, false) => format!("this rank encrypts its {what} traffic and rank {peer} does not"),
+        (false, true) => format!("rank {peer} encrypts its {what} traffic and this rank does not"),
+        _ => format!("this rank and rank {peer} encrypt their {what} traffic with different keys"),
+    };
+    Error::invalid_usage(format!(
+        "{how}: every rank needs the same encryption setting and key (OXCCL_ENCRYPT, OXCCL_PSK_FILE or \
+         ncclSetEncryption)"
+    ))
+    .with_peer(peer)
+    .with_cause(Cause::Mismatch)
+}
+
 fn nonce(counter: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&counter.to_be_bytes());

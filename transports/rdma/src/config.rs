@@ -59,6 +59,10 @@ pub struct RdmaConfig {
     pub write_notify: bool,
     /// The verbs device and path settings.
     pub ib: IbSettings,
+    /// Encrypt every message under keys derived from this master key (docs/security.md): the
+    /// staging slot is sealed in place before its write and opened in the receiver's ring
+    /// before use, so messages always take the copy path. `None`: plaintext.
+    pub encrypt: Option<oxccl_transport::seal::MasterKey>,
 }
 
 /// The verbs settings, as given (`OXCCL_IB_*`, else NCCL's `NCCL_IB_*`); checked when a device
@@ -91,6 +95,7 @@ impl Default for RdmaConfig {
             reg_cache_bytes: 8 << 30,
             write_notify: true,
             ib: IbSettings::default(),
+            encrypt: None,
         }
     }
 }

@@ -29,7 +29,7 @@ pub mod netif;
 
 use conn::{StripedRecv, StripedSend, TcpRecv, TcpSend};
 
-use oxccl_transport::seal::{derive, key_check, MasterKey, Opener, Sealer};
+use oxccl_transport::seal::{derive, mode_mismatch, mode_word, MasterKey, Opener, Sealer, WORD_BYTES};
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::{
     proof, random_bytes, verify_proof, Cause, Error, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport,
@@ -46,7 +46,7 @@ const HELLO_MAGIC: u32 = 0x4F58_4354; // "OXCT"
 const HELLO_VERSION: u32 = 2;
 const HELLO_BYTES: usize = 76;
 /// Bytes of the encryption word: mode (u32 LE, 0 plain, 1 AES-256-GCM) and a 16-byte key check.
-const CRYPT_BYTES: usize = 20;
+const CRYPT_BYTES: usize = WORD_BYTES;
 type CryptWord = [u8; CRYPT_BYTES];
 /// How long a connecting socket may take to send its hello before it is dropped.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -128,28 +128,12 @@ fn conn_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
 
 /// A side's encryption word for the connection with token `token`.
 fn crypt_word(master: Option<&MasterKey>, comm: u64, token: &[u8; 16]) -> CryptWord {
-    let mut w = [0u8; CRYPT_BYTES];
-    if let Some(m) = master {
-        w[..4].copy_from_slice(&1u32.to_le_bytes());
-        w[4..].copy_from_slice(&key_check(&m.0, &conn_context(comm, token)));
-    }
-    w
+    mode_word(master, &conn_context(comm, token))
 }
 
 /// The setup error when the peer's encryption word is not this rank's.
 fn crypt_mismatch(peer: usize, mine: &CryptWord, theirs: &CryptWord) -> Error {
-    let enc = |w: &CryptWord| w[..4] != [0; 4];
-    let what = match (enc(mine), enc(theirs)) {
-        (true, false) => format!("this rank encrypts its TCP traffic and rank {peer} does not"),
-        (false, true) => format!("rank {peer} encrypts its TCP traffic and this rank does not"),
-        _ => format!("this rank and rank {peer} encrypt their TCP traffic with different keys"),
-    };
-    Error::invalid_usage(format!(
-        "{what}: every rank needs the same encryption setting and key (OXCCL_ENCRYPT, OXCCL_PSK_FILE or \
-         ncclSetEncryption)"
-    ))
-    .with_peer(peer)
-    .with_cause(Cause::Mismatch)
+    mode_mismatch(peer, "TCP", mine, theirs)
 }
 
 /// The sealing and opening key of one lane.
