@@ -244,6 +244,15 @@ pub fn from_unique_id(id: &UniqueId, cfg: &Config) -> Result<Rendezvous> {
 pub(crate) fn from_unique_id_owning(id: &UniqueId, cfg: &Config, own: bool) -> Result<Rendezvous> {
     let addr = id.addr()?;
     let job = id.job();
+    let master = cfg.encryption.master(&id.secret())?;
+    let report = (
+        format!("{}/init-failed", job_prefix(&job)),
+        "a rank's encryption setting or key differs from the job's (its bootstrap store refused it): every rank \
+         needs the same OXCCL_ENCRYPT / OXCCL_PSK_FILE / ncclSetEncryption"
+            .to_string(),
+    );
+    // connected first: a rank the store refuses must not take the server with it
+    let store = TcpStore::connect_member(addr, id.secret(), master, report, cfg.timeout)?;
     // the first communicator of this process built on the id owns its store from now on
     let server = if !own {
         None
@@ -254,14 +263,6 @@ pub(crate) fn from_unique_id_owning(id: &UniqueId, cfg: &Config, own: bool) -> R
         g.retain(|u| u.generation == now);
         g.iter().position(|u| u.job == job).map(|i| g.remove(i).server)
     };
-    let master = cfg.encryption.master(&id.secret())?;
-    let report = (
-        format!("{}/init-failed", job_prefix(&job)),
-        "a rank's encryption setting or key differs from the job's (its bootstrap store refused it): every rank \
-         needs the same OXCCL_ENCRYPT / OXCCL_PSK_FILE / ncclSetEncryption"
-            .to_string(),
-    );
-    let store = TcpStore::connect_member(addr, id.secret(), master, report, cfg.timeout)?;
     Ok(Rendezvous {
         store: Arc::new(store),
         prefix: job_prefix(&job),

@@ -78,24 +78,13 @@ fn open_rdma(
     cfg: &Config,
     several_hosts: bool,
 ) -> Result<Option<RdmaTransport>> {
-    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, ..cfg.rdma.clone() };
+    // with encryption on, every message is sealed in its staging slot and opened in the
+    // receiver's ring (the copy path; never written from user memory): docs/security.md
+    let encrypt = cfg.encryption.master(&ctx.secret)?;
+    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, encrypt, ..cfg.rdma.clone() };
     let explicit = cfg.net.is_some();
     let choice = NetChoice::parse(cfg.net.as_deref().unwrap_or(""), &cfg.ofi_provider);
     let choice = choice.map_err(|e| e.with_rank(rank))?;
-    if cfg.encryption != crate::Encryption::Off {
-        // RDMA writes land in the peer's registered memory with no step where a frame could be
-        // decrypted before it is used: encryption keeps the traffic on (encrypted) TCP, and an
-        // explicit RDMA request is refused rather than sent in the clear (docs/security.md)
-        return match choice {
-            NetChoice::Socket => Ok(None),
-            _ => Err(crate::Error::invalid_usage(
-                "encryption is on and OXCCL_NET/NCCL_NET asks for an RDMA network, which oxccl does not encrypt: \
-                 unset it (traffic then goes over encrypted TCP) or turn encryption off",
-            )
-            .with_rank(rank)
-            .with_op("init: OXCCL_NET")),
-        };
-    }
     match choice {
         NetChoice::Socket if explicit => Ok(None),
         NetChoice::Socket => {

@@ -1,6 +1,7 @@
 //! The transport: opening a network, and connecting pairs (the HELLO handshake).
 
 use super::*;
+use oxccl_transport::seal::{derive, mode_mismatch, mode_word, Opener, Sealer};
 use oxccl_transport::{
     proof, random_bytes, Error, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
 };
@@ -78,6 +79,20 @@ pub(crate) struct RdmaPending {
     pub(crate) slots: usize,
     pub(crate) slot_bytes: usize,
     pub(crate) max_message: usize,
+    pub(crate) open: Option<Opener>,
+}
+
+impl RdmaTransport {
+    /// This side's encryption word for the connection with token `token`.
+    fn word(&self, token: &[u8; 16]) -> [u8; oxccl_transport::seal::WORD_BYTES] {
+        mode_word(self.cfg.encrypt.as_ref(), &conn_context(self.net.ctx.comm_id, token))
+    }
+
+    /// The key of the connection with token `token` (one direction: sender to receiver).
+    fn conn_key(&self, token: &[u8; 16]) -> Option<[u8; 32]> {
+        let m = self.cfg.encrypt?;
+        Some(derive(&m.0, b"rdma slots", &conn_context(self.net.ctx.comm_id, token)))
+    }
 }
 
 impl Transport for RdmaTransport {
@@ -92,7 +107,8 @@ impl Transport for RdmaTransport {
         true
     }
     fn setup_recv(&self, peer: usize) -> Result<(Box<dyn PendingRecv>, Vec<u8>)> {
-        let slot_bytes = SLOT_HEADER + self.cfg.max_message;
+        let tag = if self.cfg.encrypt.is_some() { TAG } else { 0 };
+        let slot_bytes = SLOT_HEADER + self.cfg.max_message + tag;
         let mut ring = Mem::new(slot_bytes * self.cfg.slots);
         // SAFETY: the ring moves into the pending/receiving half, which deregisters it in Drop
         // before freeing it; Mem's heap buffer does not move when the Mem value does.
@@ -103,7 +119,9 @@ impl Transport for RdmaTransport {
             let mut st = self.net.st.lock().unwrap();
             let id = st.next_id;
             st.next_id += 1;
-            st.recvs.insert(id, RecvSide { token, notified: vec![0; self.cfg.slots], peer, ..Default::default() });
+            let word = self.word(&token);
+            st.recvs
+                .insert(id, RecvSide { token, word, notified: vec![0; self.cfg.slots], peer, ..Default::default() });
             id
         };
         let blob = Blob {
@@ -114,6 +132,7 @@ impl Transport for RdmaTransport {
             slots: self.cfg.slots as u32,
             slot_bytes: slot_bytes as u32,
             token,
+            word: self.word(&token),
         };
         let p = RdmaPending {
             net: self.net.clone(),
@@ -123,6 +142,7 @@ impl Transport for RdmaTransport {
             slots: self.cfg.slots,
             slot_bytes,
             max_message: self.cfg.max_message,
+            open: self.conn_key(&token).map(|k| Opener::new(&k)),
         };
         Ok((Box::new(p), blob.encode()))
     }
@@ -150,10 +170,19 @@ impl Transport for RdmaTransport {
         hello[4..8].copy_from_slice(&b.id.to_le_bytes());
         hello[8..12].copy_from_slice(&id.to_le_bytes());
         hello[12..28].copy_from_slice(&b.token);
-        hello[28..60].copy_from_slice(&proof(&self.ctx_secret(), &hello_context(self.net.ctx.comm_id, &b.token)));
+        let mine = self.word(&b.token);
+        let ctx = hello_context(self.net.ctx.comm_id, &b.token, &mine);
+        hello[28..HELLO_WORD].copy_from_slice(&proof(&self.ctx_secret(), &ctx));
+        hello[HELLO_WORD..HELLO_ADDRS].copy_from_slice(&mine);
         hello[HELLO_ADDRS..].copy_from_slice(&my_addrs);
         self.net.send_msg(&mut st, 0, dests[0], &hello, Owner::Send(id)).map_err(|e| e.with_peer(peer))?;
+        if mine != b.word {
+            // the HELLO tells the receiver, so both sides fail now, not at a timeout
+            let _ = self.net.flush(&mut st);
+            return Err(mode_mismatch(peer, "RDMA", &mine, &b.word));
+        }
         drop(st);
+        let seal = self.conn_key(&b.token).map(|k| Sealer::new(&k));
         Ok(Box::new(RdmaSend {
             net: self.net.clone(),
             id,
@@ -166,11 +195,14 @@ impl Transport for RdmaTransport {
             slots,
             slot_bytes,
             posted: 0,
-            zero_copy_min_op: self.cfg.zero_copy_min_op.unwrap_or(if self.is_software() {
-                usize::MAX
-            } else {
-                ZERO_COPY_MIN
-            }),
+            // sealed messages are sealed in their staging slot: never written from user memory
+            zero_copy_min_op: match (&seal, self.cfg.zero_copy_min_op) {
+                (Some(_), _) => usize::MAX,
+                (None, Some(m)) => m,
+                (None, None) if self.is_software() => usize::MAX,
+                (None, None) => ZERO_COPY_MIN,
+            },
+            seal,
         }))
     }
 }
@@ -185,7 +217,14 @@ impl PendingRecv for RdmaPending {
     fn accept(mut self: Box<Self>, deadline: Instant) -> Result<Box<dyn RecvConn>> {
         loop {
             self.net.progress().map_err(|e| e.with_peer(self.peer))?;
-            let hello = self.net.st.lock().unwrap().recvs.get(&self.id).and_then(|r| r.hello.clone());
+            let (hello, error) = {
+                let st = self.net.st.lock().unwrap();
+                let r = st.recvs.get(&self.id);
+                (r.and_then(|r| r.hello.clone()), r.and_then(|r| r.error.clone()))
+            };
+            if let Some(e) = error {
+                return Err(e);
+            }
             if let Some((dests, sender_id)) = hello {
                 return Ok(Box::new(RdmaRecv {
                     net: self.net.clone(),
@@ -200,6 +239,8 @@ impl PendingRecv for RdmaPending {
                     next: 0,
                     credited: 0,
                     peeked: false,
+                    open: self.open.take(),
+                    failed: None,
                 }));
             }
             let now = Instant::now();

@@ -37,6 +37,8 @@ impl Mem {
 #[derive(Default)]
 pub(crate) struct RecvSide {
     pub(crate) token: [u8; 16],
+    /// This side's encryption word, which the HELLO's must equal.
+    pub(crate) word: [u8; oxccl_transport::seal::WORD_BYTES],
     /// (sender's destinations, one per sender endpoint; sender's connection id) once HELLO
     /// arrived.
     pub(crate) hello: Option<(Vec<u64>, u32)>,
@@ -398,10 +400,14 @@ impl Net {
                 }
                 let sender_id = u32::from_le_bytes(m[8..12].try_into().unwrap());
                 let token: [u8; 16] = m[12..28].try_into().unwrap();
-                if token != r.token
-                    || !verify_proof(&self.ctx.secret, &hello_context(self.ctx.comm_id, &token), &m[28..60])
-                {
+                let word: [u8; oxccl_transport::seal::WORD_BYTES] = m[HELLO_WORD..HELLO_ADDRS].try_into().unwrap();
+                let ctx = hello_context(self.ctx.comm_id, &token, &word);
+                if token != r.token || !verify_proof(&self.ctx.secret, &ctx, &m[28..HELLO_WORD]) {
                     tracing::warn!("dropped an RDMA hello with a bad proof for connection {id}");
+                    return;
+                }
+                if word != r.word {
+                    r.error = Some(oxccl_transport::seal::mode_mismatch(r.peer, "RDMA", &r.word, &word));
                     return;
                 }
                 let Some((addrs, _)) = decode_addrs(&m[HELLO_ADDRS..]) else { return };

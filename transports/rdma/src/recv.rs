@@ -19,6 +19,10 @@ pub(crate) struct RdmaRecv {
     /// The consumed count last sent in a CREDIT.
     pub(crate) credited: u64,
     pub(crate) peeked: bool,
+    /// Opens each message in the ring before it is used (encryption on).
+    pub(crate) open: Option<oxccl_transport::seal::Opener>,
+    /// The authentication failure that ended this connection (every later call repeats it).
+    pub(crate) failed: Option<Error>,
 }
 
 impl RecvConn for RdmaRecv {
@@ -54,11 +58,18 @@ impl RecvConn for RdmaRecv {
         if !ready {
             return Ok(None);
         }
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
         let slot = (self.next % self.slots as u64) as usize;
         let sb = self.slot_bytes;
+        if self.open.is_some() && !self.peeked {
+            self.open_slot(slot).inspect_err(|e| self.failed = Some(e.clone()))?;
+        }
         let ring = &self.ring.as_ref().unwrap().0;
         let bytes = &ring.bytes()[slot * sb..(slot + 1) * sb];
-        let h = Header::decode(&bytes[..HEADER_BYTES], self.max_message).map_err(|e| e.with_peer(self.peer))?;
+        let at = if self.open.is_some() { SEALED_FROM } else { 0 };
+        let h = Header::decode(&bytes[at..at + HEADER_BYTES], self.max_message).map_err(|e| e.with_peer(self.peer))?;
         self.peeked = true;
         Ok(Some((h, &bytes[SLOT_HEADER..SLOT_HEADER + h.len as usize])))
     }
@@ -113,6 +124,28 @@ impl RecvConn for RdmaRecv {
         let mut st = self.net.st.lock().unwrap();
         st.abandoned = true;
         let _ = self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id));
+    }
+}
+
+impl RdmaRecv {
+    /// Authenticate and decrypt message `next` in its ring slot, in place, once.
+    fn open_slot(&mut self, slot: usize) -> Result<()> {
+        let (sb, max, peer) = (self.slot_bytes, self.max_message, self.peer);
+        let ring = &mut self.ring.as_mut().unwrap().0;
+        let bytes = &mut ring.bytes_mut()[slot * sb..(slot + 1) * sb];
+        let len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+        let fail = |mut e: Error| {
+            e.message = format!("rank {peer}'s encrypted RDMA connection failed: {}", e.message);
+            e.with_peer(peer)
+        };
+        if len > max {
+            return Err(fail(
+                Error::remote(format!("a message claims {len} bytes (altered in transit)"))
+                    .with_cause(oxccl_transport::Cause::Tampered),
+            ));
+        }
+        let (aad, rest) = bytes.split_at_mut(SEALED_FROM);
+        self.open.as_mut().unwrap().open(aad, &mut rest[..SLOT_HEADER + len + TAG - SEALED_FROM]).map_err(fail)
     }
 }
 

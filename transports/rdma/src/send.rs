@@ -21,6 +21,8 @@ pub(crate) struct RdmaSend {
     pub(crate) posted: u64,
     /// Send from user memory in operations of at least this size (`usize::MAX`: never).
     pub(crate) zero_copy_min_op: usize,
+    /// Seals each message in its staging slot (encryption on).
+    pub(crate) seal: Option<oxccl_transport::seal::Sealer>,
 }
 
 impl RdmaSend {
@@ -43,7 +45,7 @@ impl RdmaSend {
 
 impl SendConn for RdmaSend {
     fn max_message(&self) -> usize {
-        self.slot_bytes - SLOT_HEADER
+        self.slot_bytes - SLOT_HEADER - if self.seal.is_some() { TAG } else { 0 }
     }
     fn reserve(&mut self) -> Result<Option<&mut [u8]>> {
         if !self.make_room()? {
@@ -144,8 +146,24 @@ impl RdmaSend {
         let slot = self.slot();
         let sb = self.slot_bytes;
         let (ring, region) = self.ring.as_mut().unwrap();
-        ring.bytes_mut()[slot * sb..slot * sb + HEADER_BYTES].copy_from_slice(&header.encode());
-        let len = SLOT_HEADER + if user.is_some() { 0 } else { header.len as usize };
+        let bytes = &mut ring.bytes_mut()[slot * sb..(slot + 1) * sb];
+        let len = match self.seal.as_mut() {
+            None => {
+                bytes[..HEADER_BYTES].copy_from_slice(&header.encode());
+                SLOT_HEADER + if user.is_some() { 0 } else { header.len as usize }
+            }
+            Some(seal) => {
+                // the payload is in place; seal header, padding and payload, tag after them
+                let end = SLOT_HEADER + header.len as usize;
+                bytes[..4].copy_from_slice(&header.len.to_le_bytes());
+                bytes[4..SEALED_FROM].fill(0);
+                bytes[SEALED_FROM..SEALED_FROM + HEADER_BYTES].copy_from_slice(&header.encode());
+                let (aad, rest) = bytes.split_at_mut(SEALED_FROM);
+                let tag = seal.seal(aad, &mut rest[..end - SEALED_FROM]).map_err(|e| e.with_peer(self.peer))?;
+                bytes[end..end + TAG].copy_from_slice(&tag);
+                end + TAG
+            }
+        };
         let src = ring.ptr().wrapping_add(slot * sb);
         let desc = region.desc;
         let mut st = self.net.st.lock().unwrap();

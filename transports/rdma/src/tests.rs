@@ -28,6 +28,11 @@ fn open_eps(rank: usize, slots: usize, max: usize, endpoints: usize) -> Option<R
         linger: std::time::Duration::from_secs(5),
         ..Default::default()
     };
+    open_ofi_with(rank, cfg)
+}
+
+/// A transport of libfabric's provider under test with `cfg` (`None`: skipped, no provider).
+fn open_ofi_with(rank: usize, cfg: RdmaConfig) -> Option<RdmaTransport> {
     match RdmaTransport::open(&NetChoice::Ofi(provider()), ctx(rank), "127.0.0.1".parse().unwrap(), cfg) {
         Ok(t) => Some(t),
         Err(e) if e.kind == ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
@@ -261,6 +266,7 @@ fn blob_decoder_survives_random_and_mutated_input() {
         slots: 8,
         slot_bytes: 1088,
         token: [7; 16],
+        word: [3; 20],
     };
     let enc = good.encode();
     assert_eq!(Blob::decode(&enc).unwrap(), good);
@@ -302,8 +308,6 @@ fn blob_decoder_survives_random_and_mutated_input() {
 /// keys and ranges): the handshake builds the queue pairs, then the same checks as over
 /// libfabric.
 fn open_sim(rank: usize, slots: usize, max: usize, eps: usize) -> (RdmaTransport, Arc<verbs::sim::SimDevice>) {
-    let dev = Arc::new(verbs::sim::SimDevice::new(&format!("sim{rank}"), eps));
-    let fab = verbs::fabric::VerbsFabric::new(dev.clone(), "127.0.0.1".parse().unwrap(), ctx(rank).secret).unwrap();
     let cfg = RdmaConfig {
         slots,
         max_message: max,
@@ -312,6 +316,13 @@ fn open_sim(rank: usize, slots: usize, max: usize, eps: usize) -> (RdmaTransport
         linger: std::time::Duration::from_secs(5),
         ..Default::default()
     };
+    open_sim_with(rank, cfg)
+}
+
+/// [`open_sim`] with `cfg`.
+fn open_sim_with(rank: usize, cfg: RdmaConfig) -> (RdmaTransport, Arc<verbs::sim::SimDevice>) {
+    let dev = Arc::new(verbs::sim::SimDevice::new(&format!("sim{rank}"), cfg.endpoints));
+    let fab = verbs::fabric::VerbsFabric::new(dev.clone(), "127.0.0.1".parse().unwrap(), ctx(rank).secret).unwrap();
     (RdmaTransport { net: Net::open(Box::new(fab), ctx(rank), &cfg).unwrap(), cfg }, dev)
 }
 
@@ -607,3 +618,5 @@ fn net_choice_parses() {
     assert_eq!(NetChoice::parse("IB", "").unwrap(), NetChoice::Ib);
     assert!(NetChoice::parse("carrier-pigeon", "").is_err());
 }
+
+mod sealed;

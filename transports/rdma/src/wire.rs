@@ -4,12 +4,19 @@
 use oxccl_transport::{Error, Result};
 
 pub(crate) const MSG_BYTES: usize = 256;
+/// Where a HELLO's encryption word starts (after kind, ids, token and proof).
+pub(crate) const HELLO_WORD: usize = 60;
 /// Where a HELLO's address list starts.
-pub(crate) const HELLO_ADDRS: usize = 60;
+pub(crate) const HELLO_ADDRS: usize = HELLO_WORD + oxccl_transport::seal::WORD_BYTES;
 pub(crate) const RX_BUFS: usize = 256;
 pub(crate) const TX_BUFS: usize = 256;
 pub(crate) const SLOT_HEADER: usize = 64;
-pub(crate) const BLOB_MAGIC: u32 = 0x0CC1_0F10;
+pub(crate) const BLOB_MAGIC: u32 = 0x0CC1_0F11;
+/// Bytes of a sealed message's tag, after its payload in the slot.
+pub(crate) const TAG: usize = oxccl_transport::seal::TAG_BYTES;
+/// A sealed slot: the payload length (u32 LE, associated data) and 4 reserved bytes, then the
+/// sealed header (from here), padding and payload, then the tag.
+pub(crate) const SEALED_FROM: usize = 8;
 
 pub(crate) const T_HELLO: u8 = 1;
 pub(crate) const T_NOTIFY: u8 = 2;
@@ -75,8 +82,17 @@ pub(crate) fn control(kind: u8, id: u32, value: u64, to_sender: bool) -> [u8; 17
     m
 }
 
-pub(crate) fn hello_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
+pub(crate) fn hello_context(comm: u64, token: &[u8; 16], word: &[u8]) -> Vec<u8> {
     let mut c = b"oxccl-rdma-hello".to_vec();
+    c.extend_from_slice(&comm.to_le_bytes());
+    c.extend_from_slice(token);
+    c.extend_from_slice(word);
+    c
+}
+
+/// What makes a connection unique (its keys and its encryption word): communicator and token.
+pub(crate) fn conn_context(comm: u64, token: &[u8; 16]) -> Vec<u8> {
+    let mut c = b"rdma".to_vec();
     c.extend_from_slice(&comm.to_le_bytes());
     c.extend_from_slice(token);
     c
@@ -99,6 +115,8 @@ pub struct Blob {
     pub slot_bytes: u32,
     /// The token the HELLO must prove.
     pub token: [u8; 16],
+    /// The receiver's encryption word (mode and key check).
+    pub word: [u8; oxccl_transport::seal::WORD_BYTES],
 }
 
 impl Blob {
@@ -112,6 +130,7 @@ impl Blob {
         b.extend_from_slice(&self.slots.to_le_bytes());
         b.extend_from_slice(&self.slot_bytes.to_le_bytes());
         b.extend_from_slice(&self.token);
+        b.extend_from_slice(&self.word);
         b.extend_from_slice(&encode_addrs(&self.addrs));
         b
     }
@@ -120,7 +139,8 @@ impl Blob {
     /// carry back.
     pub fn decode(b: &[u8]) -> Result<Blob> {
         let bad = |why: &str| Error::remote(format!("malformed RDMA setup blob: {why}"));
-        if b.len() < 50 {
+        const ADDRS: usize = 48 + oxccl_transport::seal::WORD_BYTES;
+        if b.len() < ADDRS + 2 {
             return Err(bad("too short"));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
@@ -128,8 +148,8 @@ impl Blob {
         if u32_at(0) != BLOB_MAGIC {
             return Err(bad("bad magic"));
         }
-        let (addrs, used) = decode_addrs(&b[48..]).ok_or_else(|| bad("bad address list"))?;
-        if 48 + used != b.len() {
+        let (addrs, used) = decode_addrs(&b[ADDRS..]).ok_or_else(|| bad("bad address list"))?;
+        if ADDRS + used != b.len() {
             return Err(bad("length does not match the address list"));
         }
         if used > MSG_BYTES - HELLO_ADDRS {
@@ -151,6 +171,7 @@ impl Blob {
             slots,
             slot_bytes,
             token: b[32..48].try_into().unwrap(),
+            word: b[48..ADDRS].try_into().unwrap(),
             addrs,
         })
     }

@@ -37,6 +37,8 @@ struct Dev {
     cq: VecDeque<Wc>,
     armed: bool,
     efd: i32,
+    /// Fault injection: flip a bit of the next RDMA write this device sends (a corrupted link).
+    flip_next_write: bool,
 }
 
 /// What consumes a receive.
@@ -103,6 +105,7 @@ impl SimDevice {
                     cq: VecDeque::new(),
                     armed: false,
                     efd,
+                    flip_next_write: false,
                 },
             );
             SimDevice {
@@ -123,6 +126,12 @@ impl SimDevice {
                 efd,
             }
         })
+    }
+
+    /// Fault injection: the next RDMA write this device sends arrives with bit 4 of its byte 16
+    /// flipped (a link that corrupts data past its checksums).
+    pub fn flip_bit_of_next_write(&self) {
+        world(|w| w.devs.get_mut(&self.id).unwrap().flip_next_write = true);
     }
 
     /// The device dies (its host crashed): peers' requests to it fail with retry exceeded.
@@ -218,7 +227,10 @@ impl Device for SimDevice {
                 return Ok(true);
             };
             // SAFETY: the local buffer is registered and kept by the caller until completion.
-            let bytes = unsafe { std::slice::from_raw_parts(wr.addr as *const u8, wr.len as usize) }.to_vec();
+            let mut bytes = unsafe { std::slice::from_raw_parts(wr.addr as *const u8, wr.len as usize) }.to_vec();
+            if wr.write && bytes.len() > 16 && std::mem::take(&mut w.devs.get_mut(&self.id).unwrap().flip_next_write) {
+                bytes[16] ^= 0x10;
+            }
             let rep = w.devs[&peer].qps[&rqpn].ep;
             if wr.write {
                 let ok = w.devs[&peer]
