@@ -88,6 +88,12 @@ impl RdmaTransport {
         mode_word(self.cfg.encrypt.as_ref(), &conn_context(self.net.ctx.comm_id, token))
     }
 
+    /// The control keys of the connection with token `token`, for its sender or receiver side.
+    fn ctl_keys(&self, token: &[u8; 16], sender: bool) -> Option<CtlKeys> {
+        let m = self.cfg.encrypt.as_ref()?;
+        Some(CtlKeys::new(m, &conn_context(self.net.ctx.comm_id, token), sender))
+    }
+
     /// The key of the connection with token `token` (one direction: sender to receiver).
     fn conn_key(&self, token: &[u8; 16]) -> Option<[u8; 32]> {
         let m = self.cfg.encrypt?;
@@ -120,8 +126,9 @@ impl Transport for RdmaTransport {
             let id = st.next_id;
             st.next_id += 1;
             let word = self.word(&token);
-            st.recvs
-                .insert(id, RecvSide { token, word, notified: vec![0; self.cfg.slots], peer, ..Default::default() });
+            let ctl = self.ctl_keys(&token, false);
+            let notified = vec![0; self.cfg.slots];
+            st.recvs.insert(id, RecvSide { token, word, notified, peer, ctl, ..Default::default() });
             id
         };
         let blob = Blob {
@@ -164,7 +171,9 @@ impl Transport for RdmaTransport {
         let mut st = self.net.st.lock().unwrap();
         let id = st.next_id;
         st.next_id += 1;
-        st.sends.insert(id, SendSide { peer, busy: vec![0; slots], held: vec![None; slots], ..Default::default() });
+        let ctl = self.ctl_keys(&b.token, true);
+        st.sends
+            .insert(id, SendSide { peer, busy: vec![0; slots], held: vec![None; slots], ctl, ..Default::default() });
         let mut hello = vec![0u8; HELLO_ADDRS + my_addrs.len()];
         hello[0] = T_HELLO;
         hello[4..8].copy_from_slice(&b.id.to_le_bytes());

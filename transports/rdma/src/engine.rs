@@ -52,6 +52,8 @@ pub(crate) struct RecvSide {
     pub(crate) peer: usize,
     /// A control message of this connection (CREDIT, ABORT) failed.
     pub(crate) error: Option<Error>,
+    /// The control keys of an encrypted connection.
+    pub(crate) ctl: Option<CtlKeys>,
 }
 
 impl RecvSide {
@@ -75,6 +77,8 @@ pub(crate) struct SendSide {
     pub(crate) error: Option<Error>,
     /// The receiver closed its half (it reads nothing more): closing this one waits for nothing.
     pub(crate) receiver_closed: bool,
+    /// The control keys of an encrypted connection.
+    pub(crate) ctl: Option<CtlKeys>,
 }
 
 /// Work the provider could not take yet (EAGAIN), posted in order by the next progress: the
@@ -128,9 +132,11 @@ pub(crate) struct NetState {
     pub(crate) error: Option<Error>,
     /// Receiving halves already closed, with their sender's destinations and connection id: a
     /// FLUSH for one is still answered.
-    pub(crate) closed_recvs: HashMap<u32, (Vec<u64>, u32)>,
+    pub(crate) closed_recvs: HashMap<u32, (Vec<u64>, u32, Option<CtlKeys>)>,
     /// FLUSHes not answered yet: nonce → (peer rank, sending half's id).
     pub(crate) flushes: HashMap<u64, (usize, u32)>,
+    /// The control keys of encrypted sending halves already closed, for their FLUSHED answers.
+    pub(crate) closing_ctl: HashMap<u32, CtlKeys>,
     pub(crate) next_flush: u64,
     /// A connection was aborted (the communicator failed or was aborted): closing waits for
     /// nothing.
@@ -182,6 +188,7 @@ impl Net {
                 error: None,
                 closed_recvs: HashMap::new(),
                 flushes: HashMap::new(),
+                closing_ctl: HashMap::new(),
                 next_flush: 0,
                 abandoned: false,
             }),
@@ -419,41 +426,64 @@ impl Net {
             T_NOTIFY => {
                 // not filtered on HELLO: with striping, a NOTIFY travels on another endpoint pair
                 // than the HELLO and may overtake it (the slot's header is checked when read)
-                if let Some(r) = st.recvs.get_mut(&id) {
+                if let Some(r) = st.recvs.get_mut(&id).and_then(|r| admit(r.ctl.as_mut(), m).then_some(r)) {
                     let slots = r.notified.len() as u64;
                     r.notified[(v % slots) as usize] = v + 1;
                 }
             }
             T_CREDIT => {
-                if let Some(s) = st.sends.get_mut(&id) {
+                if let Some(s) = st.sends.get_mut(&id).and_then(|s| admit(s.ctl.as_mut(), m).then_some(s)) {
                     s.credits = s.credits.max(v);
                 }
             }
             T_FLUSH => {
                 // answered for an accepted connection only (open or closed), to the sender's
                 // own endpoint from its HELLO: a stranger's FLUSH gets nothing
-                let to = match st.recvs.get(&id).and_then(|r| r.hello.clone()) {
-                    Some(h) => Some(h),
-                    None => st.closed_recvs.get(&id).cloned(),
+                let to = match st.recvs.get_mut(&id) {
+                    Some(r) => r.hello.clone().map(|h| (h, r.ctl.as_mut())),
+                    None => st.closed_recvs.get_mut(&id).map(|c| ((c.0.clone(), c.1), c.2.as_mut())),
                 };
-                if let Some((dests, sender_id)) = to {
-                    let m = control(T_FLUSHED, sender_id, v, true);
+                let Some(((dests, sender_id), mut keys)) = to else { return };
+                if !admit(keys.as_deref_mut(), m) {
+                    return;
+                }
+                {
+                    let m = seal_ctl(keys, control(T_FLUSHED, sender_id, v, true));
                     if let Err(e) = self.send_msg(st, 0, dests[0], &m, Owner::Reply) {
                         tracing::info!("could not answer a FLUSH: {e}");
                     }
                 }
             }
             T_FLUSHED => {
-                st.flushes.remove(&v);
+                let Some(&(_, sid)) = st.flushes.get(&v) else { return };
+                let keys = match st.sends.get_mut(&sid) {
+                    Some(s) => s.ctl.as_mut(),
+                    None => st.closing_ctl.get_mut(&sid),
+                };
+                if admit(keys, m) {
+                    st.flushes.remove(&v);
+                    if !st.flushes.values().any(|f| f.1 == sid) {
+                        st.closing_ctl.remove(&sid);
+                    }
+                }
             }
             T_CLOSED if m.len() > 16 && m[16] == 0 => {
                 // the sender closed after `v` messages: once they are read, nothing more comes
-                if let Some(r) = st.recvs.get_mut(&id).filter(|r| r.hello.is_some()) {
+                if let Some(r) =
+                    st.recvs.get_mut(&id).and_then(|r| (r.hello.is_some() && admit(r.ctl.as_mut(), m)).then_some(r))
+                {
                     r.closed_after = Some(v);
                 }
             }
             T_CLOSED => {
                 // the receiver closed: it will read nothing more, nor answer
+                let keys = match st.sends.get_mut(&id) {
+                    Some(s) => s.ctl.as_mut(),
+                    None => st.closing_ctl.get_mut(&id),
+                };
+                if !admit(keys, m) {
+                    return;
+                }
                 st.flushes.retain(|_, f| f.1 != id);
                 if let Some(s) = st.sends.get_mut(&id) {
                     s.receiver_closed = true;
@@ -461,10 +491,12 @@ impl Net {
             }
             T_ABORT if m.len() > 16 => {
                 if m[16] == 0 {
-                    if let Some(r) = st.recvs.get_mut(&id).filter(|r| r.hello.is_some()) {
+                    if let Some(r) =
+                        st.recvs.get_mut(&id).and_then(|r| (r.hello.is_some() && admit(r.ctl.as_mut(), m)).then_some(r))
+                    {
                         r.aborted = true;
                     }
-                } else if let Some(s) = st.sends.get_mut(&id) {
+                } else if let Some(s) = st.sends.get_mut(&id).and_then(|s| admit(s.ctl.as_mut(), m).then_some(s)) {
                     s.aborted = true;
                 }
             }
@@ -501,9 +533,11 @@ impl Net {
         }
         // senders to this rank stop waiting for answers to their FLUSHes (best effort: a
         // FLUSH that comes later than this is not answered)
-        let closed: Vec<(u64, u32)> = st.closed_recvs.values().map(|(d, id)| (d[0], *id)).collect();
-        for (dest, id) in closed {
-            let _ = self.send_msg(&mut st, 0, dest, &control(T_CLOSED, id, 0, true), Owner::Reply);
+        let closed: Vec<u32> = st.closed_recvs.keys().copied().collect();
+        for key in closed {
+            let c = st.closed_recvs.get_mut(&key).unwrap();
+            let (dest, m) = (c.0[0], seal_ctl(c.2.as_mut(), control(T_CLOSED, c.1, 0, true)));
+            let _ = self.send_msg(&mut st, 0, dest, &m, Owner::Reply);
         }
         while !st.flushes.is_empty() {
             if self.progress_locked(&mut st).is_err() {

@@ -42,6 +42,7 @@
 
 mod config;
 mod connect;
+mod ctlauth;
 mod engine;
 mod fabric;
 pub mod memmon;
@@ -56,6 +57,7 @@ mod wire;
 
 pub use config::*;
 pub use connect::*;
+use ctlauth::*;
 use engine::*;
 pub use fabric::*;
 use recv::*;

@@ -85,8 +85,9 @@ impl RecvConn for RdmaRecv {
             return Ok(());
         }
         self.credited = self.next;
-        let m = control(T_CREDIT, self.sender_id, self.next, false);
         let mut st = self.net.st.lock().unwrap();
+        let keys = st.recvs.get_mut(&self.id).and_then(|r| r.ctl.as_mut());
+        let m = seal_ctl(keys, control(T_CREDIT, self.sender_id, self.next, false));
         self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id)).map_err(|e| e.with_peer(self.peer))
     }
     fn arm(&mut self) -> Result<Option<WaitSource>> {
@@ -120,8 +121,9 @@ impl RecvConn for RdmaRecv {
         self.slots * self.slot_bytes
     }
     fn abort(&mut self) {
-        let m = control(T_ABORT, self.sender_id, 0, true);
         let mut st = self.net.st.lock().unwrap();
+        let keys = st.recvs.get_mut(&self.id).and_then(|r| r.ctl.as_mut());
+        let m = seal_ctl(keys, control(T_ABORT, self.sender_id, 0, true));
         st.abandoned = true;
         let _ = self.net.send_msg(&mut st, 0, self.dest, &m, Owner::Recv(self.id));
     }
@@ -153,8 +155,10 @@ impl Drop for RdmaRecv {
     fn drop(&mut self) {
         let mut st = self.net.st.lock().unwrap();
         // its sender may still FLUSH it while closing: keep what the answer needs
-        if let Some(hello) = st.recvs.remove(&self.id).and_then(|r| r.hello) {
-            st.closed_recvs.insert(self.id, hello);
+        if let Some(r) = st.recvs.remove(&self.id) {
+            if let Some((dests, sender)) = r.hello {
+                st.closed_recvs.insert(self.id, (dests, sender, r.ctl));
+            }
         }
         drop(st);
         if let Some((_, r)) = &self.ring {

@@ -115,8 +115,9 @@ impl SendConn for RdmaSend {
         self.slots * self.slot_bytes
     }
     fn abort(&mut self) {
-        let m = control(T_ABORT, self.remote_id, 0, false);
         let mut st = self.net.st.lock().unwrap();
+        let keys = st.sends.get_mut(&self.id).and_then(|s| s.ctl.as_mut());
+        let m = seal_ctl(keys, control(T_ABORT, self.remote_id, 0, false));
         st.abandoned = true;
         let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m, Owner::Send(self.id));
     }
@@ -208,7 +209,8 @@ impl RdmaSend {
         if notify.is_some() {
             self.net.flush(&mut st).map_err(|e| e.with_peer(self.peer))?;
         } else {
-            let m = control(T_NOTIFY, self.remote_id, self.posted, false);
+            let keys = st.sends.get_mut(&self.id).and_then(|s| s.ctl.as_mut());
+            let m = seal_ctl(keys, control(T_NOTIFY, self.remote_id, self.posted, false));
             self.net.send_msg(&mut st, ep, dest, &m, Owner::Send(self.id)).map_err(|e| e.with_peer(self.peer))?;
         }
         self.posted += 1;
@@ -239,17 +241,24 @@ impl Drop for RdmaSend {
                 let nonce = st.next_flush;
                 st.next_flush += 1;
                 st.flushes.insert(nonce, (self.peer, self.id));
-                let m = control(T_FLUSH, self.remote_id, nonce, false);
+                let keys = st.sends.get_mut(&self.id).and_then(|s| s.ctl.as_mut());
+                let m = seal_ctl(keys, control(T_FLUSH, self.remote_id, nonce, false));
                 if self.net.send_msg(&mut st, ep, dest, &m, Owner::Flush(nonce)).is_err() {
                     st.flushes.remove(&nonce);
                 }
             }
             // and say it is closed, after how many messages (best effort: a receiver that
             // misses it waits for the communicator's bound, as for a silent peer)
-            let m = control(T_CLOSED, self.remote_id, self.posted, false);
+            let keys = st.sends.get_mut(&self.id).and_then(|s| s.ctl.as_mut());
+            let m = seal_ctl(keys, control(T_CLOSED, self.remote_id, self.posted, false));
             let _ = self.net.send_msg(&mut st, 0, self.dests[0], &m, Owner::Reply);
         }
-        st.sends.remove(&self.id);
+        // an encrypted half's FLUSHED answers are checked with its keys after it is gone
+        if let Some(ctl) = st.sends.remove(&self.id).and_then(|s| s.ctl) {
+            if st.flushes.values().any(|f| f.1 == self.id) {
+                st.closing_ctl.insert(self.id, ctl);
+            }
+        }
         drop(st);
         if let Some((_, r)) = &self.ring {
             self.net.fab.deregister(r);

@@ -88,3 +88,38 @@ fn a_corrupted_write_fails_the_connection_and_delivers_nothing() {
     assert!(e.message.contains("rank 0's encrypted RDMA connection failed"), "{e}");
     assert_eq!(r.peek().unwrap_err().cause, Some(Cause::Tampered), "and it stays failed");
 }
+
+/// On an encrypted connection, a control message without a valid tag, or one replayed, is
+/// dropped: an unsigned ABORT aborts a plain connection, not an encrypted one; a replayed
+/// (genuine) NOTIFY does not mark a slot again.
+#[test]
+fn forged_and_replayed_control_messages_change_nothing() {
+    for key in [None, Some(1)] {
+        let ((a, _), (b, _)) = (open_sim_with(0, cfg(key, 1)), open_sim_with(1, cfg(key, 1)));
+        let (_s, mut r) = connect(&a, &b);
+        let id = *b.net.st.lock().unwrap().recvs.keys().next().unwrap();
+        {
+            let mut st = b.net.st.lock().unwrap();
+            b.net.dispatch(&mut st, &control(T_ABORT, id, 0, false));
+        }
+        let aborted = r.peek().is_err();
+        assert_eq!(aborted, key.is_none(), "an unsigned ABORT acts on a plain connection only");
+    }
+    let ((a, _), (b, _)) = (open_sim_with(0, cfg(Some(1), 1)), open_sim_with(1, cfg(Some(1), 1)));
+    let (_s, _r) = connect(&a, &b);
+    let (sid, rid) = (
+        *a.net.st.lock().unwrap().sends.keys().next().unwrap(),
+        *b.net.st.lock().unwrap().recvs.keys().next().unwrap(),
+    );
+    // a genuine NOTIFY for message 0, as the sender would sign it, then the same bytes again
+    let m = {
+        let mut st = a.net.st.lock().unwrap();
+        seal_ctl(st.sends.get_mut(&sid).unwrap().ctl.as_mut(), control(T_NOTIFY, rid, 0, false))
+    };
+    let mut st = b.net.st.lock().unwrap();
+    b.net.dispatch(&mut st, &m);
+    assert!(st.recvs[&rid].arrived(0), "the genuine NOTIFY marks message 0");
+    st.recvs.get_mut(&rid).unwrap().notified[0] = 0;
+    b.net.dispatch(&mut st, &m);
+    assert!(!st.recvs[&rid].arrived(0), "its replay does not");
+}
