@@ -2,6 +2,7 @@
 # encrypt_ab.sh - the cost of encryption between hosts: oxccl-perf on 2 network-namespace hosts
 # with OXCCL_ENCRYPT off and psk, interleaved (off, psk, off, psk, ...) for REPS rounds, then the
 # medians per size and the ratios. Root (network namespaces). Usage: bench/encrypt_ab.sh [REPS=5]
+# NET=ofi: over the RDMA protocol on libfabric's TCP emulation (tcp;ofi_rxm) instead of oxccl's TCP.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SHARED="${OXCCL_SHARED:-$ROOT/../shared}"
@@ -15,6 +16,7 @@ KEY="$OUT/psk"; printf 'encryption benchmark pre-shared key of 32+ bytes\n' > "$
 trap '"$SHARED/netns/netns_down.sh" >/dev/null 2>&1 || true' EXIT
 run() { # mode round
   local env=(OXCCL_SOCKET_IFNAME=cclt-br0)
+  [ -n "${NET:-}" ] && env+=(OXCCL_NET="$NET" "OXCCL_OFI_PROVIDER=tcp;ofi_rxm")
   [ "$1" = psk ] && env+=(OXCCL_ENCRYPT=psk OXCCL_PSK_FILE="$KEY")
   env "${env[@]}" "$PERF" --np 2 --netns cclt-h1,cclt-h2 -s 8,4K,64K -n 1000 -w 50 -c 0 >> "$OUT/$1.txt"
   env "${env[@]}" "$PERF" --np 2 --netns cclt-h1,cclt-h2 -s 1M,16M,64M,256M -n 20 -w 3 -c 0 >> "$OUT/$1.txt"
