@@ -26,6 +26,18 @@ using TensorLists = vector<vector<at::Tensor>>;
 
 namespace {
 
+// Whether Python may run here: not before initialization, nor once finalization began. A
+// non-main thread that takes the GIL during finalization is ended with pthread_exit, and that
+// unwinding through a C++ destructor (noexcept) aborts the process ("terminate called without
+// an active exception").
+bool python_usable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 std::exception_ptr dist_error(const std::string& msg) {
   try {
     C10_THROW_ERROR(DistBackendError, msg);
@@ -173,11 +185,11 @@ class OxBackend : public c10d::Backend {
   OxBackend(int rank, int size, py::object impl) : Backend(rank, size), impl_(std::move(impl)) {}
 
   ~OxBackend() override {
-    if (Py_IsInitialized()) {
+    if (python_usable()) {
       py::gil_scoped_acquire gil;
       impl_ = py::object();
     } else {
-      impl_.release();  // the interpreter is gone: nothing to free it with
+      impl_.release();  // the interpreter is gone or going: nothing to free it with
     }
   }
 
@@ -318,6 +330,9 @@ class OxBackend : public c10d::Backend {
     impl_.attr("set_timeout")(ms(timeout));
   }
   void abort() override {
+    if (!python_usable()) {
+      return;  // at exit: the process's end closes the communicator's connections
+    }
     py::gil_scoped_acquire gil;
     impl_.attr("abort")();
   }
@@ -366,6 +381,9 @@ class OxBackend : public c10d::Backend {
     return static_cast<c10d::ErrorType>(impl_.attr("error_type")().cast<int>());
   }
   void shutdown() override {
+    if (!python_usable()) {
+      return;  // at exit: the process's end closes the communicator's connections
+    }
     py::gil_scoped_acquire gil;
     impl_.attr("shutdown")();
   }
