@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::Result;
+use oxccl_transport::seal::MasterKey;
 use oxccl_transport::{PeerInfo, Transport, TransportCtx};
 #[cfg(feature = "rdma")]
 use oxccl_transport_rdma::{NetChoice, RdmaConfig, RdmaTransport};
@@ -18,7 +19,9 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
         list.push(Box::new(ShmTransport::new(ctx.clone(), shm)?));
     }
     let (rank, peers) = (ctx.rank, ctx.peers.clone());
-    if let Some(net) = open_net(&ctx, &peers, rank, cfg, several_hosts)? {
+    // encryption between hosts (docs/security.md): the job's master key, read once
+    let master = cfg.encryption.master(&ctx.secret)?;
+    if let Some(net) = open_net(&ctx, &peers, rank, cfg, several_hosts, master)? {
         list.push(net);
     }
     let tcp = TcpConfig {
@@ -26,7 +29,7 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
         slot_bytes: cfg.chunk_bytes,
         lanes: cfg.nsocks,
         socket_buffer: cfg.socket_buffer,
-        encrypt: cfg.encryption.master(&ctx.secret)?,
+        encrypt: master,
     };
     let ip = peers[rank].ip;
     list.push(Box::new(TcpTransport::new(ctx, tcp, ip)));
@@ -44,8 +47,9 @@ fn open_net(
     rank: usize,
     cfg: &Config,
     several_hosts: bool,
+    master: Option<MasterKey>,
 ) -> Result<Option<Box<dyn Transport>>> {
-    let net = open_rdma(ctx, peers, rank, cfg, several_hosts)?;
+    let net = open_rdma(ctx, peers, rank, cfg, several_hosts, master)?;
     Ok(net.map(|t| Box::new(t) as Box<dyn Transport>))
 }
 
@@ -57,6 +61,7 @@ fn open_net(
     rank: usize,
     cfg: &Config,
     _several_hosts: bool,
+    _master: Option<MasterKey>,
 ) -> Result<Option<Box<dyn Transport>>> {
     match cfg.net.as_deref().map(|n| n.trim().to_ascii_lowercase()) {
         None => Ok(None),
@@ -77,15 +82,15 @@ fn open_rdma(
     rank: usize,
     cfg: &Config,
     several_hosts: bool,
+    master: Option<MasterKey>,
 ) -> Result<Option<RdmaTransport>> {
     // with encryption on, every message is sealed in its staging slot and opened in the
     // receiver's ring (the copy path; never written from user memory): docs/security.md
-    let encrypt = cfg.encryption.master(&ctx.secret)?;
-    let rcfg = RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, encrypt, ..cfg.rdma.clone() };
+    let rcfg =
+        RdmaConfig { slots: cfg.slots.max(2), max_message: cfg.chunk_bytes, encrypt: master, ..cfg.rdma.clone() };
     let explicit = cfg.net.is_some();
     let choice = NetChoice::parse(cfg.net.as_deref().unwrap_or(""), &cfg.ofi_provider);
-    let choice = choice.map_err(|e| e.with_rank(rank))?;
-    match choice {
+    match choice.map_err(|e| e.with_rank(rank))? {
         NetChoice::Socket if explicit => Ok(None),
         NetChoice::Socket => {
             if !several_hosts {

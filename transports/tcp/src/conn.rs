@@ -12,6 +12,15 @@ use std::os::fd::AsRawFd;
 /// Bytes before an encrypted frame's sealed body: its length, authenticated as associated data.
 const LEN_BYTES: usize = 4;
 
+/// Bytes a frame carries before its header and after its payload: (length, tag) when encrypted.
+fn framing(encrypted: bool) -> (usize, usize) {
+    if encrypted {
+        (LEN_BYTES, TAG_BYTES)
+    } else {
+        (0, 0)
+    }
+}
+
 /// An encrypted frame on the wire: `len` (u32 LE, the sealed body's length), the body (header
 /// then payload, AES-256-GCM under the lane's key), then the tag. A plain frame is the header
 /// then the payload.
@@ -29,7 +38,8 @@ pub(crate) struct TcpSend {
 
 impl TcpSend {
     pub(crate) fn new(s: TcpStream, slots: usize, slot_bytes: usize, peer: usize, seal: Option<Sealer>) -> Self {
-        let extra = if seal.is_some() { LEN_BYTES + TAG_BYTES } else { 0 };
+        let (pre, tag) = framing(seal.is_some());
+        let extra = pre + tag;
         TcpSend {
             s,
             peer,
@@ -48,11 +58,7 @@ impl TcpSend {
 
     /// Bytes before the header in a slot.
     fn pre(&self) -> usize {
-        if self.seal.is_some() {
-            LEN_BYTES
-        } else {
-            0
-        }
+        framing(self.seal.is_some()).0
     }
 
     /// Write `header` into slot `i` (its payload is in place) and seal the frame if the lane
@@ -277,7 +283,8 @@ pub(crate) struct TcpRecv {
 
 impl TcpRecv {
     pub(crate) fn new(s: TcpStream, max: usize, peer: usize, open: Option<Opener>) -> Self {
-        let frame = HEADER_BYTES + max + if open.is_some() { LEN_BYTES + TAG_BYTES } else { 0 };
+        let (pre, tag) = framing(open.is_some());
+        let frame = pre + HEADER_BYTES + max + tag;
         TcpRecv {
             s,
             peer,
@@ -294,16 +301,13 @@ impl TcpRecv {
 
     /// Longest frame on the wire.
     fn frame_max(&self) -> usize {
-        HEADER_BYTES + self.max + if self.open.is_some() { LEN_BYTES + TAG_BYTES } else { 0 }
+        let (pre, tag) = framing(self.open.is_some());
+        pre + HEADER_BYTES + self.max + tag
     }
 
     /// Bytes before the header of a frame.
     fn pre(&self) -> usize {
-        if self.open.is_some() {
-            LEN_BYTES
-        } else {
-            0
-        }
+        framing(self.open.is_some()).0
     }
 
     /// The header and wire length of the complete frame at `start`, if there is one (an
