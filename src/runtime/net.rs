@@ -122,9 +122,9 @@ mod tests {
     fn without_the_rdma_feature_only_tcp_is_a_network() {
         let ctx = TransportCtx { rank: 0, nranks: 1, comm_id: 1, secret: [0; 32], peers: vec![] };
         let with = |net: Option<&str>| Config { net: net.map(String::from), ..Config::default() };
-        assert!(open_net(&ctx, &[], 0, &with(None), true).unwrap().is_none());
-        assert!(open_net(&ctx, &[], 0, &with(Some("socket")), true).unwrap().is_none());
-        let Err(e) = open_net(&ctx, &[], 0, &with(Some("ofi")), true) else { panic!("ofi opened without rdma") };
+        assert!(open_net(&ctx, &[], 0, &with(None), true, None).unwrap().is_none());
+        assert!(open_net(&ctx, &[], 0, &with(Some("socket")), true, None).unwrap().is_none());
+        let Err(e) = open_net(&ctx, &[], 0, &with(Some("ofi")), true, None) else { panic!("ofi opened without rdma") };
         assert_eq!(e.kind, oxccl_transport::ErrorKind::Unavailable);
         assert!(e.message.contains("without the `rdma` feature"), "{e}");
     }
