@@ -2,6 +2,15 @@
 //! non-blocking sockets), and the striping of a connection's frames over its lanes.
 
 use super::lost_how;
+
+/// A failed read or write on a lane: the peer is unreachable, said how (a remote error).
+fn unreachable(peer: usize, what: &str, e: &std::io::Error) -> Error {
+    let (how, cause) = lost_how(e);
+    let mut err =
+        Error::system(format!("rank {peer} is unreachable ({how}); TCP {what}"), e).with_peer(peer).with_cause(cause);
+    err.kind = oxccl_transport::ErrorKind::Remote;
+    err
+}
 use oxccl_transport::seal::{Opener, Sealer, TAG_BYTES};
 use oxccl_transport::wait::WaitSource;
 use oxccl_transport::{Cause, Error, Header, RecvConn, Result, SendConn, HEADER_BYTES};
@@ -126,14 +135,7 @@ impl SendConn for TcpSend {
                 }
                 Err(e) if e.kind() == IoKind::WouldBlock => break,
                 Err(e) if e.kind() == IoKind::Interrupted => {}
-                Err(e) => {
-                    let (how, cause) = lost_how(&e);
-                    let mut err = Error::system(format!("rank {} is unreachable ({how}); TCP send", self.peer), &e)
-                        .with_peer(self.peer)
-                        .with_cause(cause);
-                    err.kind = oxccl_transport::ErrorKind::Remote;
-                    return Err(err);
-                }
+                Err(e) => return Err(unreachable(self.peer, "send", &e)),
             }
         }
         Ok(())
@@ -383,14 +385,7 @@ impl TcpRecv {
                 Ok(n) => self.end += n,
                 Err(e) if e.kind() == IoKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == IoKind::Interrupted => {}
-                Err(e) => {
-                    let (how, cause) = lost_how(&e);
-                    let mut err = Error::system(format!("rank {} is unreachable ({how}); TCP receive", self.peer), &e)
-                        .with_peer(self.peer)
-                        .with_cause(cause);
-                    err.kind = oxccl_transport::ErrorKind::Remote;
-                    return Err(err);
-                }
+                Err(e) => return Err(unreachable(self.peer, "receive", &e)),
             }
         }
     }
