@@ -115,15 +115,9 @@ impl Communicator {
                     bootstrap::linger_after_failure(&*rdv.store, &rdv.prefix, std::time::Duration::from_secs(3));
                 }
                 // the ranks that did join time out at about the same moment and then ask the
-                // store which ranks are missing: the rank hosting it keeps serving them a moment
-                // (dropping it at once made their messages say "refused" instead)
-                if let Some(server) = rdv.server {
-                    let linger = cfg.timeout.min(std::time::Duration::from_secs(5));
-                    let _ = std::thread::Builder::new().name("oxccl-store-linger".into()).spawn(move || {
-                        std::thread::sleep(linger);
-                        drop(server);
-                    });
-                }
+                // store which ranks are missing: a dropped server serves its connected clients
+                // until they go (StoreServer's LINGER)
+                drop(rdv.server);
                 return Err(e);
             }
         };

@@ -20,13 +20,21 @@ struct ServerState {
     cv: Condvar,
     stop: AtomicBool,
     clients: Mutex<Vec<TcpStream>>,
+    /// Notified when a client's connection ends (the lingering drop waits for the last).
+    left: Condvar,
     secret: Option<[u8; 32]>,
     master: Option<MasterKey>,
     rejected: std::sync::atomic::AtomicUsize,
 }
 
+/// How long a dropped server keeps serving clients that are still connected: the rank hosting
+/// it may destroy its communicator while the others still read their last answers (a split's
+/// records), so it stops once they have all gone, or after this.
+pub const LINGER: Duration = Duration::from_secs(10);
+
 /// A c10d-compatible store server: one accept thread plus one thread per client, all blocked in
-/// the kernel when idle. Stops (and joins nothing it could hang on) when dropped.
+/// the kernel when idle. When dropped it returns at once and stops in the background, once its
+/// clients have all disconnected or after [`LINGER`] (and joins nothing it could hang on).
 pub struct StoreServer {
     state: Arc<ServerState>,
     addr: SocketAddr,
@@ -55,6 +63,7 @@ impl StoreServer {
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             clients: Mutex::new(Vec::new()),
+            left: Condvar::new(),
             secret,
             master: secret.and(master),
             rejected: Default::default(),
@@ -101,20 +110,42 @@ impl Drop for StoreServer {
             std::mem::forget(self.accept.take());
             return;
         }
-        self.state.stop.store(true, Ordering::SeqCst);
-        self.state.cv.notify_all();
-        // only the read side: a client thread blocked for the next request wakes and ends, while
-        // one writing a response finishes it first (a client that read all it needed, such as the
-        // last rank of a split, must not lose its answer because the host's rank went on and
-        // destroyed its communicator)
-        for c in self.state.clients.lock().unwrap().drain(..) {
-            let _ = c.shutdown(Shutdown::Read);
+        let (state, addr, accept) = (self.state.clone(), self.addr, self.accept.take());
+        let stop = move || stop(&state, addr, accept);
+        if let Err(e) = std::thread::Builder::new().name("oxccl-store-linger".into()).spawn(stop) {
+            tracing::warn!("oxccl store: no thread to linger in ({e}): stopping at once");
+            stop_now(&self.state, self.addr, self.accept.take());
         }
-        // wake the accept loop
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
+    }
+}
+
+/// Wait (bounded by [`LINGER`]) for the clients still connected to go, then stop.
+fn stop(st: &ServerState, addr: SocketAddr, accept: Option<std::thread::JoinHandle<()>>) {
+    let until = std::time::Instant::now() + LINGER;
+    let mut clients = st.clients.lock().unwrap();
+    while !clients.is_empty() {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
         }
+        clients = st.left.wait_timeout(clients, left).unwrap().0;
+    }
+    drop(clients);
+    stop_now(st, addr, accept);
+}
+
+fn stop_now(st: &ServerState, addr: SocketAddr, accept: Option<std::thread::JoinHandle<()>>) {
+    st.stop.store(true, Ordering::SeqCst);
+    st.cv.notify_all();
+    // only the read side: a client thread blocked for the next request wakes and ends, while
+    // one writing a response finishes it first
+    for c in st.clients.lock().unwrap().drain(..) {
+        let _ = c.shutdown(Shutdown::Read);
+    }
+    // wake the accept loop
+    let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+    if let Some(h) = accept {
+        let _ = h.join();
     }
 }
 
@@ -131,6 +162,7 @@ fn serve_client(st: Arc<ServerState>, s: TcpStream) {
     let mut clients = st.clients.lock().unwrap();
     let me = keep.peer_addr().ok();
     clients.retain(|c| c.peer_addr().ok() != me);
+    st.left.notify_all();
 }
 
 fn invalid(msg: &str) -> std::io::Error {

@@ -62,6 +62,28 @@ mod basic {
     }
 
     #[test]
+    fn a_dropped_server_serves_its_connected_clients_until_they_go() {
+        let s = server(None);
+        let addr = s.addr();
+        let a = TcpStore::connect(addr, None, Duration::from_secs(5)).unwrap();
+        let b = TcpStore::connect(addr, None, Duration::from_secs(5)).unwrap();
+        a.set("split/0", b"r0").unwrap();
+        // the host's rank destroys its communicator before the last rank has read the records
+        drop(s);
+        drop(a);
+        assert_eq!(b.get("split/0", Duration::from_secs(1)).unwrap(), b"r0");
+        b.set("split/1", b"r1").unwrap();
+        assert_eq!(b.add("done", 1).unwrap(), 1);
+        // it stops once the last client has gone, well before LINGER
+        drop(b);
+        let t = Instant::now();
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            assert!(t.elapsed() < server::LINGER / 2, "the server still accepts after its clients left");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
     fn strangers_are_dropped_without_blocking_members() {
         let secret = [9u8; 32];
         let s = server(Some(secret));

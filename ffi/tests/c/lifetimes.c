@@ -1,7 +1,8 @@
 /* Nothing outlives the last communicator: after ncclCommDestroy of a communicator and of one
  * split off it, every rank process has no more threads and file descriptors than before its
- * init (rank 0 fewer: the store server of the id it made is stopped with the communicator that
- * owned it). Over shared memory and over TCP (NCCL_SHM_DISABLE=1). */
+ * init (rank 0 fewer: the store server of the id it made stops once the communicator that owned
+ * it is destroyed and the other ranks have disconnected). Over shared memory and over TCP
+ * (NCCL_SHM_DISABLE=1). */
 #include <dirent.h>
 #include "common.h"
 
