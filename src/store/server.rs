@@ -34,7 +34,7 @@ pub const LINGER: Duration = Duration::from_secs(10);
 
 /// A c10d-compatible store server: one accept thread plus one thread per client, all blocked in
 /// the kernel when idle. When dropped it returns at once and stops in the background, once its
-/// clients have all disconnected or after [`LINGER`] (and joins nothing it could hang on).
+/// clients have all disconnected or after `LINGER` (and joins nothing it could hang on).
 pub struct StoreServer {
     state: Arc<ServerState>,
     addr: SocketAddr,
