@@ -134,6 +134,8 @@ mod tests {
 
     #[test]
     fn read_only_and_unmapped_windows_are_refused() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let page = 4096;
         // a hole: a mapping with its middle page unmapped before anything is checked (a verdict
         // covers whole mappings, and is not revisited when they change)

@@ -233,6 +233,8 @@ mod tests {
 
     #[test]
     fn configs_parse_and_bad_ones_are_refused() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let ar = Coll::AllReduce;
         assert_eq!(parse(std::ptr::null(), ar).unwrap(), CallOptions::default());
         let mut c = initializer();

@@ -80,6 +80,8 @@ mod tests {
 
     #[test]
     fn without_cuda_device_buffers_and_streams_are_a_clean_unavailable() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let Err(e) = DeviceComm::new((), 0);
         assert_eq!(e.kind, oxccl::ErrorKind::Unavailable);
         assert!(e.message.contains("without the `cuda` feature"), "{e}");

@@ -85,6 +85,8 @@ mod tests {
 
     #[test]
     fn configs_are_validated_and_a_psk_accepted() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         assert_eq!(std::mem::size_of::<ncclEncryptionConfig_t>(), 32);
         let mk = |mode, psk| ncclEncryptionConfig_t { size: 32, magic: NCCL_API_MAGIC, version: 23203, mode, psk };
         assert_eq!(set(&mk(0, std::ptr::null())).unwrap(), ncclSuccess);

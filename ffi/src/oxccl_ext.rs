@@ -119,6 +119,8 @@ mod tests {
     /// own per salt; NULLs and ids that are not ids are argument errors.
     #[test]
     fn derived_ids_build_communicators_and_bad_input_is_refused() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let id = uid();
         let (mut a, mut b) = (ncclUniqueId { internal: [0; 128] }, ncclUniqueId { internal: [0; 128] });
         // SAFETY: valid pointers.
@@ -142,6 +144,8 @@ mod tests {
     /// working one-rank communicator.
     #[test]
     fn init_with_a_timeout_checks_its_arguments() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let mut comm: ncclComm_t = std::ptr::null_mut();
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
             // SAFETY: a valid out-pointer.
@@ -160,6 +164,8 @@ mod tests {
     /// source once, its data exact. Bad arguments are refused and lose nothing.
     #[test]
     fn recv_any_matches_each_sender_and_checks_its_arguments() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let mut comms: [ncclComm_t; 3] = [std::ptr::null_mut(); 3];
         // SAFETY: room for 3 handles; NULL device list.
         assert_eq!(unsafe { ncclCommInitAll(comms.as_mut_ptr(), 3, std::ptr::null()) }, ncclSuccess);

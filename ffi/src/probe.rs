@@ -86,6 +86,8 @@ mod tests {
 
     #[test]
     fn unreadable_memory_is_reported_not_faulted() {
+        // (the last error is per process: tests that record errors take turns)
+        let _g = crate::last_error::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         assert!(read_bytes(8, 16).is_none());
         let v = [1u8, 2, 3];
         assert_eq!(read_bytes(v.as_ptr() as usize, 3).unwrap(), v);
