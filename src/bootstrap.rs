@@ -125,7 +125,7 @@ impl UniqueId {
         Ok(UniqueId::encode(addr, &self.secret(), &job))
     }
 
-    fn secret(&self) -> [u8; 32] {
+    pub(crate) fn secret(&self) -> [u8; 32] {
         self.0[24..56].try_into().unwrap()
     }
 

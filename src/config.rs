@@ -103,6 +103,10 @@ pub struct Config {
     /// called, else `OXCCL_ENCRYPT` (`off`, the default; `psk`, keyed from the file named by
     /// `OXCCL_PSK_FILE`; `uid`, keyed from the unique id's secret). See docs/security.md.
     pub encryption: crate::Encryption,
+    /// Watching a running job (docs/watching.md): `OXCCL_STATUS_AFTER_MS`,
+    /// `OXCCL_STRAGGLER_WINDOW`, `OXCCL_STRAGGLER_MIN_US`, `OXCCL_METRICS_PORT`, `OXCCL_METRICS_ADDR`,
+    /// `OXCCL_METRICS_FILE`, `OXCCL_METRICS_INTERVAL_MS`.
+    pub watch: crate::watch::Settings,
 }
 
 /// The α-β model's constants, per link kind.
@@ -184,6 +188,7 @@ impl Default for Config {
             rdma: oxccl_transport_rdma::RdmaConfig::default(),
             tuner: Tuner::default(),
             encryption: crate::Encryption::Off,
+            watch: crate::watch::Settings::default(),
         }
     }
 }
@@ -261,6 +266,7 @@ impl Config {
                 oversub_round_factor: num(&["OXCCL_TUNER_OVERSUB_FACTOR"], t.oversub_round_factor),
             },
             encryption: crate::encryption::from_env(),
+            watch: crate::watch::Settings::from_lookup(&env_any),
         }
     }
 }

@@ -91,6 +91,7 @@ pub mod log;
 mod order;
 mod progress;
 mod runtime;
+pub mod watch;
 
 pub use bootstrap::UniqueId;
 pub use communicator::{AbortHandle, Communicator, Group, OpDesc, Request, ShrinkMode};

@@ -19,6 +19,8 @@ pub(crate) trait AsyncComm: DriveComm + Send + Sync {
     fn failed(&self, e: Error);
     /// An operation of this communicator was queued (`true`) or finished (`false`).
     fn queued(&self, more: bool);
+    /// An operation of this communicator left the engine (completed or failed).
+    fn completed(&self, run: &OpRun<'static>);
 }
 
 /// An operation (already connected) for the progress thread.
@@ -74,6 +76,7 @@ struct Meta {
 fn finish(meta: Meta, run: OpRun<'static>, res: Result<()>) {
     // name the operation (a dead peer is found by the transport, which knows only the peer)
     let res = res.map_err(|e| if e.op.is_none() { e.with_op(run.fp.to_string()).with_seq(run.seq) } else { e });
+    meta.comm.completed(&run);
     if let Err(e) = &res {
         meta.comm.failed(e.clone());
     }

@@ -113,10 +113,11 @@ impl<'a> Group<'a> {
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
         let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
         let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
-        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report, started: now });
+        let status = shareds.iter().filter_map(|sh| sh.cfg.watch.status_after).min();
+        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report, started: now, status });
         let end = Instant::now();
         for r in &runs {
-            shareds[r.comm].record_end(r.seq, r.fp, r.done(), end);
+            shareds[r.comm].completed(r, end);
         }
         match res {
             Ok(()) => Ok(()),
@@ -204,6 +205,9 @@ impl<'a> Group<'a> {
                                 algo,
                             };
                             let s = Arc::new(build_on(&params, &sh.host_of));
+                            if sh.cfg.watch.straggler_window > 0 {
+                                s.find_clean_peers(&params, &|q| build_on(q, &sh.host_of));
+                            }
                             if st.sched_cache.len() >= 256 {
                                 st.sched_cache.clear();
                             }
@@ -219,7 +223,9 @@ impl<'a> Group<'a> {
             let sel = opts.algos.wire();
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
             sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
-            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
+            let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
+            run.obs = crate::exec::Observe::new(now);
+            runs.push(run);
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
         // and nothing allocated, when every connection exists: the steady state)

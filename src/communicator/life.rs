@@ -164,58 +164,61 @@ impl Communicator {
         let spin = cfg.spin.unwrap_or(if oversubscribed { us(0) } else { us(50) });
         let yield_for = cfg.yield_for.unwrap_or(if oversubscribed { us(1000) } else { us(50) });
         let ctx = TransportCtx { rank, nranks, comm_id, secret, peers: peers.clone() };
+        let watch = crate::runtime::CommWatch::new(nranks, &cfg);
         let transports = crate::runtime::transports(ctx, &cfg, host_ids.len() > 1)?;
-        Ok(Communicator {
-            sh: Arc::new(Shared {
-                recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),
-                born: Instant::now(),
-                generation: crate::fork_generation(),
-                born_unix_ms: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis())
-                    .unwrap_or(0),
-                host_of,
-                oversub: (on_cores as f64 / cores as f64).max(1.0),
-                spin,
-                yield_for,
-                algos,
-                last_choice: Mutex::new(None),
-                rank,
-                nranks,
-                comm_id,
-                prefix,
-                peers,
-                cfg,
-                store,
-                secret,
-                held,
-                state: Mutex::new(State {
-                    conns: Conns::new(nranks),
-                    transports,
-                    seq: 0,
-                    p2p_tx: vec![0; nranks],
-                    p2p_rx: vec![0; nranks],
-                    pending_rx: (0..nranks).map(|_| None).collect(),
-                    any_turn: 0,
-                    splits: 0,
-                    grows: 0,
-                    grow_id: None,
-                    suspended: false,
-                    error: None,
-                    sched_cache: Default::default(),
-                    last_sched: None,
-                }),
-                aborted: AtomicBool::new(false),
-                revoked: AtomicBool::new(false),
-                failed: AtomicBool::new(false),
-                abort_bell: Doorbell::new()?,
-                busy: AtomicBool::new(false),
-                async_pending: Mutex::new(0),
-                async_cv: Condvar::new(),
-                census_mark: Mutex::new(None),
-                watches: Mutex::new(Default::default()),
+        let sh = Arc::new(Shared {
+            recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),
+            born: Instant::now(),
+            generation: crate::fork_generation(),
+            born_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0),
+            host_of,
+            oversub: (on_cores as f64 / cores as f64).max(1.0),
+            spin,
+            yield_for,
+            algos,
+            last_choice: Mutex::new(None),
+            rank,
+            nranks,
+            comm_id,
+            prefix,
+            peers,
+            cfg,
+            store,
+            secret,
+            held,
+            state: Mutex::new(State {
+                conns: Conns::new(nranks),
+                transports,
+                seq: 0,
+                p2p_tx: vec![0; nranks],
+                p2p_rx: vec![0; nranks],
+                pending_rx: (0..nranks).map(|_| None).collect(),
+                any_turn: 0,
+                splits: 0,
+                grows: 0,
+                grow_id: None,
+                suspended: false,
+                error: None,
+                sched_cache: Default::default(),
+                last_sched: None,
             }),
-        })
+            aborted: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            abort_bell: Doorbell::new()?,
+            busy: AtomicBool::new(false),
+            async_pending: Mutex::new(0),
+            async_cv: Condvar::new(),
+            census_mark: Mutex::new(None),
+            watches: Mutex::new(Default::default()),
+            watch,
+        });
+        let watched: Arc<dyn crate::watch::Watched> = sh.clone();
+        crate::watch::register(Arc::downgrade(&watched), &sh.cfg.watch);
+        Ok(Communicator { sh })
     }
 
     /// Split into sub-communicators (`ncclCommSplit`): ranks with the same `color` form one,

@@ -10,6 +10,7 @@ mod ops;
 #[cfg(test)]
 mod tests;
 mod validate;
+mod watch;
 
 pub use elastic::ShrinkMode;
 pub use group::Group;

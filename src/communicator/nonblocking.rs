@@ -42,6 +42,7 @@ impl Communicator {
             deadline: started + sh.cfg.timeout,
             report: sh.cfg.wait_report,
             started,
+            status: sh.cfg.watch.status_after,
         };
         crate::progress::submit(crate::progress::Job { comm: sh.clone(), run, done: tx, policy })?;
         Ok(Request { rx, conv: Ok, done: None })

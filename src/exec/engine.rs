@@ -22,6 +22,8 @@ use oxccl_transport::wait::WaitSource;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+mod publish;
+
 /// Where the engine finds the queued operations, by id: the caller owns them (a group's list,
 /// the progress thread's queue), so the engine never moves one.
 pub(crate) trait Runs<'a> {
@@ -47,6 +49,8 @@ struct Slot {
     policy: Policy,
     /// When to say next what it waits for.
     next_report: Option<Instant>,
+    /// When to publish next its communicator's status.
+    next_status: Option<Instant>,
     /// Whether its timeout census began.
     census: bool,
     /// Its steps all ran; its sends may still be leaving.
@@ -156,7 +160,9 @@ impl Engine {
         }
         l.yield_for = l.yield_for.max(policy.yield_for);
         let next_report = policy.report.map(|r| policy.started + r);
-        self.slots.push_back(Some(Slot { comm: run.comm, policy, next_report, census: false, flushing: false }));
+        let next_status = policy.status.map(|r| policy.started + r);
+        let slot = Slot { comm: run.comm, policy, next_report, next_status, census: false, flushing: false };
+        self.slots.push_back(Some(slot));
         self.live += 1;
         id
     }
@@ -242,7 +248,9 @@ impl Engine {
             l.idle_passes = 0;
             // an operation stuck behind others that keep moving still meets its deadline
             if self.turns % 1024 == 0 {
-                self.expire(comms, runs, Instant::now(), out);
+                let now = Instant::now();
+                self.expire(comms, runs, now, out);
+                self.publish(comms, runs, now);
             }
             return;
         }
@@ -448,6 +456,7 @@ impl Engine {
             return;
         }
         self.report(comms, runs, now);
+        self.publish(comms, runs, now);
         self.sleep(comms, runs, wake, now - since >= STALL, out);
     }
 

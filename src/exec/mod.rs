@@ -10,11 +10,13 @@
 //! every connection they wait on and sleep in `poll(2)`.
 
 mod engine;
+mod observe;
 mod run;
 mod step;
 mod wait;
 
 pub use engine::drive;
+pub use observe::Observe;
 pub(crate) use engine::{Engine, Finished, Runs};
 pub use run::{single_copy_counts, OpRun};
 pub use step::apply_step;

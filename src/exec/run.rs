@@ -33,6 +33,8 @@ pub struct OpRun<'a> {
     rx_idx: PeerCounts,
     /// What the op waits on, if it is blocked.
     pub blocked: Option<Blocked>,
+    /// Its notes for watching (waits, lateness, trace).
+    pub obs: super::Observe,
 }
 
 /// A count per peer, inline for communicators of up to 16 ranks.
@@ -74,6 +76,7 @@ impl<'a> OpRun<'a> {
             tx_idx: smallvec::smallvec![0; nranks],
             rx_idx: smallvec::smallvec![0; nranks],
             blocked: None,
+            obs: Default::default(),
         }
     }
 
@@ -98,6 +101,7 @@ impl<'a> OpRun<'a> {
             tx_idx: self.tx_idx,
             rx_idx: self.rx_idx,
             blocked: self.blocked,
+            obs: self.obs,
         })
     }
 
@@ -115,8 +119,10 @@ impl<'a> OpRun<'a> {
         let mut progressed = false;
         self.blocked = None;
         while let Some(step) = self.sched.steps.get(self.pc).copied() {
+            self.obs.step_try();
             match self.try_step(self.pc, &step, conns) {
                 Ok(true) => {
+                    self.obs.step_done(self.pc, &step, step.count * self.fp.dtype.size());
                     self.pc += 1;
                     progressed = true;
                 }
@@ -125,6 +131,15 @@ impl<'a> OpRun<'a> {
             }
         }
         Ok(progressed)
+    }
+
+    /// A message from `p` came: close the wait for it, if there was one.
+    #[inline]
+    fn note_received(&mut self, p: usize) {
+        if self.obs.waits_for(p) {
+            let first_clean = self.rx_idx[p] == 0 && self.sched.clean_peers().contains(&p);
+            self.obs.received(p, first_clean);
+        }
     }
 
     fn try_step(&mut self, pc: usize, step: &Step, conns: &mut Conns) -> Result<bool> {
@@ -179,6 +194,7 @@ impl<'a> OpRun<'a> {
                 if let Some(s) = slot.as_deref_mut() {
                     s[..len].copy_from_slice(dst);
                 }
+                self.note_received(p);
             }
         }
         if !direct {
@@ -188,10 +204,12 @@ impl<'a> OpRun<'a> {
                     match c.peek().map_err(|e| e.with_peer(p))? {
                         None => {
                             self.blocked = Some(Blocked::Recv(p));
+                            self.obs.blocked_on(p);
                             return Ok(false);
                         }
                         Some((h, data)) => {
                             Expect::of(self, p, len).check(&h)?;
+                            self.note_received(p);
                             Some(data)
                         }
                     }

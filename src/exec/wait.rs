@@ -26,12 +26,28 @@ pub trait DriveComm {
     /// Collective `seq` has waited long and is within [`CENSUS_LEAD`] of its deadline: the
     /// timeout census may begin, so that it is complete at the deadline.
     fn near_deadline(&self, _seq: u64) {}
+    /// An operation of this communicator has run past its status time
+    /// ([`Policy::status`]): publish what it waits for.
+    fn long_op(&self, _op: LongOp) {}
     /// Whether `peer`, on another machine, is known to be gone (its liveness beacon refuses) or
     /// unreachable (silent for seconds); probed at most once a second per peer. For waits that
     /// stalled: a transport may not notice a host that stopped answering before the timeout.
     fn peer_lost(&self, _peer: usize) -> Option<Error> {
         None
     }
+}
+
+/// An operation running long, for the status record (`src/watch/status.rs`).
+#[derive(Debug, Clone)]
+pub struct LongOp {
+    /// Its sequence number.
+    pub seq: u64,
+    /// `allreduce (float, 4 MiB)`.
+    pub what: String,
+    /// How long it has run.
+    pub waited: Duration,
+    /// The peers it is blocked on.
+    pub waiting_for: Vec<usize>,
 }
 
 /// Run `f` on `c`'s connections and return its value.
@@ -90,6 +106,9 @@ pub struct Policy {
     pub report: Option<Duration>,
     /// When the operations started (the caller's one clock read, which the deadline came from).
     pub started: Instant,
+    /// Publish the communicator's status after this long, and again every this often
+    /// ([`crate::watch::Settings::status_after`]).
+    pub status: Option<Duration>,
 }
 
 thread_local! {
@@ -272,6 +291,28 @@ pub(crate) fn wait_note<C: DriveComm + ?Sized>(
         waited.as_secs_f64(),
         limit.as_secs_f64()
     )
+}
+
+/// What `ops` (one communicator's active operations) wait for, for its status record.
+pub(crate) fn long_op(ops: &[&OpRun<'_>], waited: Duration) -> LongOp {
+    let mut waiting_for: Vec<usize> = ops
+        .iter()
+        .filter(|o| !o.done())
+        .filter_map(|o| match o.blocked {
+            Some(Blocked::Recv(p) | Blocked::Send(p)) => Some(p),
+            None => None,
+        })
+        .collect();
+    waiting_for.sort_unstable();
+    waiting_for.dedup();
+    let (seq, what) = match ops.iter().find(|o| !o.done()).or(ops.first()) {
+        Some(o) => {
+            let bytes = o.fp.count * o.fp.dtype.size();
+            (o.seq, format!("{} ({}, {})", o.fp.coll.wire_name(), o.fp.dtype.name(), human_bytes(bytes)))
+        }
+        None => (0, "flushing".into()),
+    };
+    LongOp { seq, what, waited, waiting_for }
 }
 
 /// `4 MiB`, `512 B`: sizes for messages.

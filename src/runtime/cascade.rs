@@ -30,6 +30,7 @@ impl Shared {
         if let Some(dir) = &self.cfg.dump_dir {
             self.dump(dir, &e);
         }
+        self.publish_status(None);
         let mut conns = conns;
         conns.abort_all();
         drop(conns);

@@ -8,12 +8,14 @@ mod net;
 mod recorder;
 mod setup;
 mod tune;
+mod watch;
 
 pub(crate) use anysource::RECV_ANY;
 pub(crate) use net::transports;
 #[cfg(test)]
 pub(crate) use setup::CONNECTING;
 pub(crate) use setup::{Setup, WaitFor};
+pub(crate) use watch::CommWatch;
 
 use crate::config::Config;
 use crate::exec::{Conns, DriveComm};
@@ -100,6 +102,8 @@ pub(crate) struct Shared {
     pub(crate) census_mark: Mutex<Option<(u64, Instant)>>,
     /// Beacon probes of peers on other machines during stalled waits: (last probe, its history).
     pub(crate) watches: Mutex<std::collections::HashMap<usize, (Option<Instant>, crate::beacon::Watch)>>,
+    /// Metrics, straggler window and status publication (`src/watch`).
+    pub(crate) watch: watch::CommWatch,
 }
 
 /// What a communicator keeps running for as long as it exists: the store server of its id (when
@@ -162,6 +166,9 @@ impl DriveComm for Shared {
                 .with_peer(peer),
         )
     }
+    fn long_op(&self, op: crate::exec::LongOp) {
+        self.publish_status(Some(op));
+    }
     fn near_deadline(&self, seq: u64) {
         *self.census_mark.lock().unwrap() = Some((seq, Instant::now()));
         let (store, key) = (self.store.clone(), format!("{}/reached/{seq}/{}", self.prefix, self.rank));
@@ -180,6 +187,9 @@ impl DriveComm for Shared {
 impl crate::progress::AsyncComm for Shared {
     fn failed(&self, e: Error) {
         self.set_error(e)
+    }
+    fn completed(&self, run: &crate::exec::OpRun<'static>) {
+        self.completed(run, Instant::now());
     }
     fn queued(&self, more: bool) {
         let mut g = self.async_pending.lock().unwrap();

@@ -83,6 +83,15 @@ impl Shared {
             pid: self.peers[self.rank].pid as u64,
             created_unix_ms: self.born_unix_ms as u64,
             error: e.to_string(),
+            straggler: self
+                .watch
+                .lateness
+                .lock()
+                .unwrap()
+                .report()
+                .straggler()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
             ops,
         };
         let path = dir.join(format!("oxccl-{:016x}-rank{}.json", self.comm_id, self.rank));

@@ -81,6 +81,9 @@ pub struct Schedule {
     /// Per step, the slice its sent value stays in, unchanged to the end (see
     /// [`Schedule::stable_send`]), computed on first use.
     stable: std::sync::OnceLock<Vec<Option<Slice>>>,
+    /// The peers whose first message to this rank depends on nothing they received (see
+    /// [`Schedule::clean_peers`]), set once by whoever caches the schedule.
+    clean: std::sync::OnceLock<Vec<usize>>,
 }
 
 /// Inputs of a schedule generator.
@@ -176,9 +179,35 @@ fn local(b: &mut Builder, src: usize, dst: usize, len: usize, post: bool) {
 }
 
 impl Schedule {
+    /// The peers whose first message to this rank they send before receiving anything in the
+    /// operation: its arrival tells when that peer entered it (straggler detection,
+    /// `src/watch/lateness.rs`). Empty until [`Schedule::find_clean_peers`] ran.
+    pub fn clean_peers(&self) -> &[usize] {
+        self.clean.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// Work out [`Schedule::clean_peers`] of rank `p.rank` from the peers' own schedules (built
+    /// with `build_peer`, which gets `p` with another rank).
+    pub fn find_clean_peers(&self, p: &Params, build_peer: &dyn Fn(&Params) -> Schedule) {
+        let me = p.rank;
+        self.clean.get_or_init(|| {
+            if matches!(p.coll, Coll::Send | Coll::Recv) {
+                return vec![];
+            }
+            let rx = self.peers().0.to_vec();
+            rx.into_iter()
+                .filter(|&q| {
+                    let theirs = build_peer(&Params { rank: q, ..*p });
+                    let first = theirs.steps.iter().position(|s| s.send == Some(me));
+                    first.is_some_and(|i| theirs.steps[..=i].iter().all(|s| s.recv.is_none()))
+                })
+                .collect()
+        });
+    }
+
     /// A schedule of these steps.
     pub fn new(steps: Vec<Step>) -> Schedule {
-        Schedule { steps, peers: Default::default(), stable: Default::default() }
+        Schedule { steps, peers: Default::default(), stable: Default::default(), clean: Default::default() }
     }
 
     /// For step `i` that sends: the user-buffer slice that holds exactly the value it sends and

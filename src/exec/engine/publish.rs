@@ -1,0 +1,35 @@
+//! The engine's status publication: an operation that ran past [`Policy::status`] has its
+//! communicator publish what it waits for, and again at that interval while it runs.
+
+use super::super::wait::{long_op, DriveComm, Policy};
+use super::{Engine, Runs};
+use crate::exec::OpRun;
+use std::time::Instant;
+
+impl Engine {
+    /// Publish, per communicator, where a status is due.
+    pub(super) fn publish<'a, C: DriveComm + ?Sized, R: Runs<'a> + ?Sized>(
+        &mut self,
+        comms: &[&C],
+        runs: &R,
+        now: Instant,
+    ) {
+        if !self.iter().any(|(_, s)| s.next_status.is_some_and(|t| now >= t)) {
+            return;
+        }
+        let mut due: Vec<u64> = self.active();
+        due.retain(|&id| self.slot(id).next_status.is_some_and(|t| now >= t));
+        while let Some(&first) = due.first() {
+            let ci = self.slot(first).comm;
+            let (mine, rest): (Vec<u64>, Vec<u64>) = due.iter().partition(|&&id| self.slot(id).comm == ci);
+            let p: Policy = self.slot(first).policy;
+            let ops: Vec<&OpRun<'_>> = mine.iter().map(|&id| runs.run(id)).collect();
+            comms[ci].long_op(long_op(&ops, now - p.started));
+            for id in mine {
+                let s = self.slot_mut(id);
+                s.next_status = s.policy.status.map(|r| now + r);
+            }
+            due = rest;
+        }
+    }
+}

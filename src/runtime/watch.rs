@@ -1,0 +1,140 @@
+//! What a communicator does for watching (`src/watch`): counting completed operations,
+//! straggler windows, status records in the store, trace spans.
+
+use super::*;
+use crate::exec::OpRun;
+use crate::watch::lateness::Tracker;
+use crate::watch::metrics::{Counters, Sample};
+use crate::watch::status::{registration, RankStatus, Running, COMMS};
+use crate::watch::trace::{self, OpSpan};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A communicator's watching state.
+pub(crate) struct CommWatch {
+    pub(crate) counters: Counters,
+    pub(crate) lateness: Mutex<Tracker>,
+    /// Registered for status in the store (once).
+    registered: AtomicBool,
+    /// A status record is being written (at most one at a time).
+    publishing: Arc<AtomicBool>,
+}
+
+impl CommWatch {
+    pub(crate) fn new(nranks: usize, cfg: &Config) -> CommWatch {
+        CommWatch {
+            counters: Counters::new(nranks),
+            lateness: Mutex::new(Tracker::new(nranks, cfg.watch.straggler_window, cfg.watch.straggler_min)),
+            registered: AtomicBool::new(false),
+            publishing: Default::default(),
+        }
+    }
+}
+
+impl Shared {
+    /// An operation left the engine (completed, or stopped by a failure): the flight record,
+    /// the counters, the straggler window and the trace.
+    pub(crate) fn completed(&self, r: &OpRun<'_>, end: Instant) {
+        let done = r.done();
+        self.record_end(r.seq, r.fp, done, end);
+        let w = &self.watch;
+        if !done {
+            w.counters.failed();
+        } else {
+            let took = r.obs.entered.map_or(Duration::ZERO, |e| end.saturating_duration_since(e));
+            w.counters.completed(r.fp.coll, r.fp.count * r.fp.dtype.size(), took, &r.obs.waits);
+            if !matches!(r.fp.coll, crate::Coll::Send | crate::Coll::Recv) {
+                let full = w.lateness.lock().unwrap().observe(r.sched.clean_peers(), r.obs.latest);
+                if let Some(s) = full.and_then(|l| l.straggler()) {
+                    tracing::info!(rank = self.rank, "{s} (seen from rank {})", self.rank);
+                    self.publish_status(None);
+                }
+            }
+        }
+        if let (Some(steps), Some(start)) = (r.obs.steps.as_deref(), r.obs.entered) {
+            let (rank, comm, seq, op) = (self.rank, self.comm_id, r.seq, r.fp.to_string());
+            trace::push(OpSpan { rank, comm, seq, op, start, end, ok: done, steps: steps.0.clone() });
+        }
+    }
+
+    /// This rank's status record now.
+    fn status_record(&self, running: Option<crate::exec::LongOp>) -> RankStatus {
+        let last = self
+            .recorder
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|x| x.end.is_some() && !x.failed)
+            .map(|x| (x.seq, x.fp.to_string()));
+        let late = self.watch.lateness.lock().unwrap().report();
+        let late = late.peers.iter().map(|p| (p.peer, p.last, p.observed, p.median_lag.as_micros() as u64)).collect();
+        let time_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64);
+        RankStatus {
+            rank: self.rank,
+            host: self.peers[self.rank].hostname.clone(),
+            pid: self.peers[self.rank].pid as u64,
+            time_ms: time_ms.ok(),
+            last,
+            running: running.map(|x| Running {
+                seq: x.seq,
+                op: x.what,
+                for_ms: x.waited.as_millis() as u64,
+                waiting_for: x.waiting_for,
+            }),
+            error: self.sticky_error().map(|e| e.to_string()),
+            late,
+        }
+    }
+
+    /// Publish this rank's status record (in the background: the store may be slow or gone;
+    /// skipped while the previous one is still being written). The first one registers the
+    /// communicator for `oxccl-perf --status`.
+    pub(crate) fn publish_status(&self, running: Option<crate::exec::LongOp>) {
+        let w = &self.watch;
+        if w.publishing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let record = self.status_record(running).encode();
+        let key = format!("{}/status/{}", self.prefix, self.rank);
+        let reg = (!w.registered.swap(true, Ordering::AcqRel)).then(|| {
+            let peers: Vec<(String, u64)> = self.peers.iter().map(|p| (p.hostname.clone(), p.pid as u64)).collect();
+            (format!("{}/status/registered", self.prefix), registration(&self.prefix, self.comm_id, &peers))
+        });
+        let (store, busy) = (self.store.clone(), w.publishing.clone());
+        let spawned = std::thread::Builder::new().name("oxccl-report".into()).spawn(move || {
+            let _ = store.set(&key, record.as_bytes());
+            if let Some((once, reg)) = reg {
+                // the communicator's first publisher registers it
+                if store.add(&once, 1).is_ok_and(|n| n == 1) {
+                    if let Ok(k) = store.add(COMMS, 1) {
+                        let _ = store.set(&format!("{COMMS}/{k}"), reg.as_bytes());
+                    }
+                }
+            }
+            busy.store(false, Ordering::Release);
+        });
+        if spawned.is_err() {
+            w.publishing.store(false, Ordering::Release);
+        }
+    }
+}
+
+impl crate::watch::Watched for Shared {
+    fn sample(&self) -> Sample<'_> {
+        let memory = {
+            let st = self.state.lock().unwrap();
+            st.conns.send.iter().flatten().map(|c| c.memory()).sum::<usize>()
+                + st.conns.recv.iter().flatten().map(|c| c.memory()).sum::<usize>()
+        };
+        let late = self.watch.lateness.lock().unwrap().report();
+        Sample {
+            comm: self.comm_id,
+            rank: self.rank,
+            nranks: self.nranks,
+            counters: &self.watch.counters,
+            memory,
+            last_arrivals: late.peers.iter().map(|p| (p.peer, p.last)).collect(),
+        }
+    }
+}

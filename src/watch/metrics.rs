@@ -1,0 +1,172 @@
+//! A communicator's counters, and the Prometheus text format of every live communicator's.
+//!
+//! Families (labels `comm`, the communicator id; `rank`; `nranks`):
+//! `oxccl_operations_total`, `oxccl_bytes_total` and `oxccl_operation_seconds_total` per `op`
+//! (bytes: the call's count × type size), `oxccl_peer_wait_seconds_total` per `peer` (time this
+//! rank's operations waited for a message from it), `oxccl_peer_last_arrivals` per `peer` (the
+//! straggler window's "last to arrive" count), `oxccl_errors_total` and
+//! `oxccl_connection_memory_bytes`.
+
+use crate::schedule::Coll;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+const OPS: [Coll; 10] = [
+    Coll::AllReduce,
+    Coll::AllGather,
+    Coll::ReduceScatter,
+    Coll::Broadcast,
+    Coll::Reduce,
+    Coll::AllToAll,
+    Coll::Gather,
+    Coll::Scatter,
+    Coll::Send,
+    Coll::Recv,
+];
+
+fn index(c: Coll) -> usize {
+    OPS.iter().position(|&x| x == c).unwrap_or(0)
+}
+
+#[derive(Default)]
+struct PerOp {
+    ops: AtomicU64,
+    bytes: AtomicU64,
+    ns: AtomicU64,
+}
+
+/// One communicator's counters: relaxed atomic adds on completion, read by the exporters.
+pub(crate) struct Counters {
+    per_op: [PerOp; OPS.len()],
+    wait_ns: Vec<AtomicU64>,
+    errors: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn new(nranks: usize) -> Counters {
+        Counters {
+            per_op: Default::default(),
+            wait_ns: (0..nranks).map(|_| AtomicU64::new(0)).collect(),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// An operation completed: `bytes` in `took`, having waited `waits` (peer, time).
+    pub(crate) fn completed(&self, coll: Coll, bytes: usize, took: Duration, waits: &[(u32, u64)]) {
+        let o = &self.per_op[index(coll)];
+        o.ops.fetch_add(1, Relaxed);
+        o.bytes.fetch_add(bytes as u64, Relaxed);
+        o.ns.fetch_add(took.as_nanos() as u64, Relaxed);
+        for &(p, ns) in waits {
+            if let Some(w) = self.wait_ns.get(p as usize) {
+                w.fetch_add(ns, Relaxed);
+            }
+        }
+    }
+
+    /// An operation failed.
+    pub(crate) fn failed(&self) {
+        self.errors.fetch_add(1, Relaxed);
+    }
+
+    /// (operations, bytes) completed of `coll`.
+    pub(crate) fn totals(&self, coll: Coll) -> (u64, u64) {
+        let o = &self.per_op[index(coll)];
+        (o.ops.load(Relaxed), o.bytes.load(Relaxed))
+    }
+}
+
+/// What the exporters read of one communicator.
+pub(crate) struct Sample<'a> {
+    pub(crate) comm: u64,
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) counters: &'a Counters,
+    pub(crate) memory: usize,
+    pub(crate) last_arrivals: Vec<(usize, u64)>,
+}
+
+/// The Prometheus text exposition (format 0.0.4) of `samples`.
+pub(crate) fn render(samples: &[Sample<'_>]) -> String {
+    let mut out = String::new();
+    let labels = |s: &Sample<'_>| format!("comm=\"{:016x}\",rank=\"{}\",nranks=\"{}\"", s.comm, s.rank, s.nranks);
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    type Per<'b> = &'b dyn Fn(&PerOp) -> String;
+    let per_op: [(&str, &str, Per<'_>); 3] = [
+        ("oxccl_operations_total", "Operations completed.", &|o| o.ops.load(Relaxed).to_string()),
+        ("oxccl_bytes_total", "Bytes of the operations completed (count x type size).", &|o| {
+            o.bytes.load(Relaxed).to_string()
+        }),
+        ("oxccl_operation_seconds_total", "Time in the operations completed.", &|o| {
+            format!("{:.9}", o.ns.load(Relaxed) as f64 / 1e9)
+        }),
+    ];
+    for (name, help, value) in per_op {
+        family(&mut out, name, "counter", help);
+        for s in samples {
+            for (i, c) in OPS.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{},op=\"{}\"}} {}", labels(s), c.name(), value(&s.counters.per_op[i]));
+            }
+        }
+    }
+    family(&mut out, "oxccl_peer_wait_seconds_total", "counter", "Time operations waited for a message from the peer.");
+    for s in samples {
+        for (p, w) in s.counters.wait_ns.iter().enumerate().filter(|&(p, _)| p != s.rank) {
+            let secs = w.load(Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "oxccl_peer_wait_seconds_total{{{},peer=\"{p}\"}} {secs:.9}", labels(s));
+        }
+    }
+    family(
+        &mut out,
+        "oxccl_peer_last_arrivals",
+        "gauge",
+        "Operations of the last straggler window in which the peer was last to arrive.",
+    );
+    for s in samples {
+        for &(p, n) in &s.last_arrivals {
+            let _ = writeln!(out, "oxccl_peer_last_arrivals{{{},peer=\"{p}\"}} {n}", labels(s));
+        }
+    }
+    family(&mut out, "oxccl_errors_total", "counter", "Operations that failed.");
+    for s in samples {
+        let _ = writeln!(out, "oxccl_errors_total{{{}}} {}", labels(s), s.counters.errors.load(Relaxed));
+    }
+    family(&mut out, "oxccl_connection_memory_bytes", "gauge", "Memory held in connection buffers.");
+    for s in samples {
+        let _ = writeln!(out, "oxccl_connection_memory_bytes{{{}}} {}", labels(s), s.memory);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_as_prometheus_text() {
+        let c = Counters::new(2);
+        c.completed(Coll::AllReduce, 4096, Duration::from_millis(2), &[(1, 1_500_000)]);
+        c.completed(Coll::AllReduce, 4096, Duration::from_millis(1), &[]);
+        c.failed();
+        assert_eq!(c.totals(Coll::AllReduce), (2, 8192));
+        let s = Sample { comm: 0xab, rank: 0, nranks: 2, counters: &c, memory: 777, last_arrivals: vec![(1, 5)] };
+        let text = render(&[s]);
+        let l = "comm=\"00000000000000ab\",rank=\"0\",nranks=\"2\"";
+        for want in [
+            format!("oxccl_operations_total{{{l},op=\"allreduce\"}} 2"),
+            format!("oxccl_bytes_total{{{l},op=\"allreduce\"}} 8192"),
+            format!("oxccl_operation_seconds_total{{{l},op=\"allreduce\"}} 0.003000000"),
+            format!("oxccl_peer_wait_seconds_total{{{l},peer=\"1\"}} 0.001500000"),
+            format!("oxccl_peer_last_arrivals{{{l},peer=\"1\"}} 5"),
+            format!("oxccl_errors_total{{{l}}} 1"),
+            format!("oxccl_connection_memory_bytes{{{l}}} 777"),
+            "# TYPE oxccl_operations_total counter".to_string(),
+        ] {
+            assert!(text.lines().any(|x| x == want), "{want} missing from\n{text}");
+        }
+        assert!(!text.contains("peer=\"0\""), "no wait on itself");
+    }
+}
