@@ -29,6 +29,10 @@ pub struct Opts {
     pub warnings: Vec<String>,
     /// nccl-tests' `-T`: bound every wait by this many seconds (`OXCCL_TIMEOUT`).
     pub timeout: Option<u64>,
+    /// `--trace FILE`: write a Chrome trace of every rank's operations and steps.
+    pub trace: Option<String>,
+    /// `--id-file FILE`: the launcher writes the job's unique id there (for `--status`).
+    pub id_file: Option<String>,
 }
 
 /// What the command line asks for.
@@ -70,6 +74,8 @@ pub fn help() -> String {
 usage: oxccl-perf [FLAGS]                       2 local ranks (processes) unless a launcher started it
        mpirun -np N oxccl-perf [FLAGS]          or srun, or torchrun --no-python, or RANK/WORLD_SIZE/MASTER_*
        oxccl-perf --analyze DIR                 explain the flight records (OXCCL_DUMP_DIR) of a failed job
+       oxccl-perf --status [ID|@FILE|HOST:PORT] every rank of a running job: its operation, what it waits
+                                                for, the verdict and the straggler (default: OXCCL_UNIQUE_ID)
 
 sizes (K, M, G suffixes):
   -b, --minbytes N       smallest size                                  default 8
@@ -99,6 +105,9 @@ ranks (local launch):
   --netns NS1,NS2,...    run them in these network namespaces, as separate hosts (root)
   --pidns                with --netns, one rank per namespace, each in its own pid namespace too
                          (no rank can see another's process, as on separate machines)
+  --id-file FILE         write the job's unique id there (for oxccl-perf --status @FILE)
+watching:
+  --trace FILE           write a Chrome trace (JSON) of every rank's operations and steps
 other:
   -h, --help             this help
   --version              the version
@@ -158,6 +167,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         average: 1,
         warnings: vec![],
         timeout: None,
+        trace: None,
+        id_file: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -231,6 +242,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
             "--netns" => o.netns = val()?.split(',').map(String::from).filter(|s| !s.is_empty()).collect(),
             "--pidns" => o.pidns = true,
+            "--trace" => o.trace = Some(val()?),
+            "--id-file" => o.id_file = Some(val()?),
             "-a" | "--average" => {
                 o.average = val()?.parse().ok().filter(|a| *a <= 3).ok_or("-a takes 0, 1, 2 or 3")?;
             }

@@ -69,7 +69,13 @@ impl Stderr {
 /// A rank that dies (a signal, or a failing exit) is reported to the ranks still in init through
 /// the id's store ([`UniqueId::report_failure`]): they fail at once with the cause instead of
 /// waiting for a rank that will never join.
-pub fn launch(np: usize, hosts: usize, (netns, pidns): (&[String], bool), args: &[String]) -> ExitCode {
+pub fn launch(
+    np: usize,
+    hosts: usize,
+    (netns, pidns): (&[String], bool),
+    id_file: Option<&str>,
+    args: &[String],
+) -> ExitCode {
     if pidns && netns.len() != np {
         eprintln!("oxccl-perf: --pidns needs --netns with one namespace per rank ({np} ranks)");
         return ExitCode::FAILURE;
@@ -81,7 +87,17 @@ pub fn launch(np: usize, hosts: usize, (netns, pidns): (&[String], bool), args: 
             return ExitCode::FAILURE;
         }
     };
+    if let Some(f) = id_file {
+        // the id is a password to the job: readable by its owner only
+        use std::os::unix::fs::OpenOptionsExt;
+        let w = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(f);
+        if let Err(e) = w.and_then(|mut w| writeln!(w, "{}", id.to_hex())) {
+            eprintln!("oxccl-perf: --id-file {f}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let exe = std::env::current_exe().expect("current_exe");
+    let epoch = oxccl::watch::trace::now_unix_us();
     let passthrough: Vec<String> = {
         let mut v = vec![];
         let mut i = 0;
@@ -123,7 +139,8 @@ pub fn launch(np: usize, hosts: usize, (netns, pidns): (&[String], bool), args: 
         cmd.args(&passthrough)
             .env("OXCCL_PERF_ID", id.to_hex())
             .env("OXCCL_PERF_RANK", r.to_string())
-            .env("OXCCL_PERF_NRANKS", np.to_string());
+            .env("OXCCL_PERF_NRANKS", np.to_string())
+            .env(crate::watch::EPOCH_VAR, epoch.to_string());
         if hosts > 1 && netns.is_empty() {
             cmd.env("OXCCL_HOSTID", format!("perf-host-{}", r * hosts / np));
         }

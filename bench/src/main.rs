@@ -23,6 +23,7 @@ use std::process::ExitCode;
 mod args;
 mod device;
 mod launch;
+mod watch;
 use args::{parse, Opts, Parsed};
 use device::DevCtx;
 use launch::launch;
@@ -524,6 +525,9 @@ fn report_comm(comm: &str, recs: &[oxccl::flight::FlightRecord]) {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--status") {
+        return watch::status(args.get(1).map(String::as_str));
+    }
     if args.first().map(String::as_str) == Some("--analyze") {
         return match args.get(1) {
             Some(d) => analyze(d),
@@ -564,7 +568,15 @@ fn main() -> ExitCode {
             std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
         }
         warn();
-        return launch(o.np.unwrap_or(2), o.hosts, (&o.netns, o.pidns), &args);
+        let np = o.np.unwrap_or(2);
+        let code = launch(np, o.hosts, (&o.netns, o.pidns), o.id_file.as_deref(), &args);
+        if let Some(file) = &o.trace {
+            if let Err(e) = watch::merge(file, np) {
+                eprintln!("oxccl-perf: writing the trace {file}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return code;
     }
     if let Some(a) = &o.algo {
         std::env::set_var("OXCCL_ALGO", a);
@@ -608,7 +620,16 @@ fn main() -> ExitCode {
     } else {
         None
     };
-    match run_rank(&comm, &o, dev.as_ref()) {
+    if o.trace.is_some() {
+        oxccl::watch::trace::enable();
+    }
+    let res = run_rank(&comm, &o, dev.as_ref());
+    if let Some(file) = &o.trace {
+        if let Err(e) = watch::write_part(file, &comm) {
+            eprintln!("oxccl-perf: writing this rank's trace: {e}");
+        }
+    }
+    match res {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         Err(e) => {
