@@ -13,11 +13,13 @@ impl Communicator {
         self.sh.watch.lateness.lock().unwrap().report()
     }
 
-    /// The peer most often last to arrive in [`Communicator::lateness`], if one was last in at
-    /// least half of the operations that timed it: "rank 3 was last to arrive in 91% of the last
-    /// 1000 operations, median lag 14.0 ms".
+    /// The rank most often last to arrive, every rank's view added up (each publishes its view
+    /// to the store at the end of each straggler window; this asks the store for them, a few
+    /// round trips: not for every step of a training loop), if one was last in at least half of
+    /// the operations that timed it: "rank 3 was last to arrive in 91% of the last 1000
+    /// operations, median lag 14.0 ms". This rank's view alone if the store does not answer.
     pub fn straggler(&self) -> Option<Straggler> {
-        self.lateness().straggler()
+        self.sh.job_straggler()
     }
 
     /// Operations of kind `coll` this rank completed, and their bytes (count × type size).

@@ -45,8 +45,11 @@ impl Shared {
             w.counters.completed(r.fp.coll, r.fp.count * r.fp.dtype.size(), took, &r.obs.waits);
             if !matches!(r.fp.coll, crate::Coll::Send | crate::Coll::Recv) {
                 let full = w.lateness.lock().unwrap().observe(r.sched.clean_peers(), r.obs.latest);
-                if let Some(s) = full.and_then(|l| l.straggler()) {
-                    tracing::info!(rank = self.rank, "{s} (seen from rank {})", self.rank);
+                if let Some(l) = full {
+                    if let Some(s) = l.straggler() {
+                        tracing::info!(rank = self.rank, "{s} (seen from rank {})", self.rank);
+                    }
+                    // every rank's view in the store: the job's straggler adds them up
                     self.publish_status(None);
                 }
             }
@@ -117,6 +120,35 @@ impl Shared {
         if spawned.is_err() {
             w.publishing.store(false, Ordering::Release);
         }
+    }
+}
+
+impl Shared {
+    /// Every rank's lateness view added up (their status records in the store, this rank's
+    /// own now): the communicator's straggler. Falls back to this rank's view if the store
+    /// does not answer.
+    pub(crate) fn job_straggler(&self) -> Option<crate::watch::Straggler> {
+        let mine = self.status_record(None);
+        let wait = Duration::from_millis(500);
+        let read = |r: usize| -> Option<RankStatus> {
+            let key = format!("{}/status/{r}", self.prefix);
+            if !self.store.check(std::slice::from_ref(&key)).ok()? {
+                return Some(RankStatus { rank: r, ..Default::default() });
+            }
+            RankStatus::parse(&String::from_utf8_lossy(&self.store.get(&key, wait).ok()?)).ok()
+        };
+        let mut ranks = Vec::with_capacity(self.nranks);
+        for r in 0..self.nranks {
+            match r == self.rank {
+                true => ranks.push(mine.clone()),
+                false => match read(r) {
+                    Some(x) => ranks.push(x),
+                    None => return self.watch.lateness.lock().unwrap().report().straggler(),
+                },
+            }
+        }
+        let c = crate::watch::CommStatus { prefix: self.prefix.clone(), comm: String::new(), ranks };
+        c.straggler()
     }
 }
 
