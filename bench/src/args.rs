@@ -33,6 +33,8 @@ pub struct Opts {
     pub trace: Option<String>,
     /// `--id-file FILE`: the launcher writes the job's unique id there (for `--status`).
     pub id_file: Option<String>,
+    /// `--delay RANK:MS`: that rank sleeps this long before each timed operation.
+    pub delay: Option<(usize, std::time::Duration)>,
 }
 
 /// What the command line asks for.
@@ -108,6 +110,7 @@ ranks (local launch):
   --id-file FILE         write the job's unique id there (for oxccl-perf --status @FILE)
 watching:
   --trace FILE           write a Chrome trace (JSON) of every rank's operations and steps
+  --delay RANK:MS        that rank sleeps MS before each timed operation (a straggler on purpose)
 other:
   -h, --help             this help
   --version              the version
@@ -169,6 +172,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         timeout: None,
         trace: None,
         id_file: None,
+        delay: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -244,6 +248,13 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--pidns" => o.pidns = true,
             "--trace" => o.trace = Some(val()?),
             "--id-file" => o.id_file = Some(val()?),
+            "--delay" => {
+                let v = val()?;
+                let bad = || format!("--delay {v:?}: RANK:MS expected (rank 2 sleeps 5 ms before each timed op: 2:5)");
+                let (r, ms) = v.split_once(':').ok_or_else(bad)?;
+                let ms: f64 = ms.parse().ok().filter(|m: &f64| *m >= 0.0 && m.is_finite()).ok_or_else(bad)?;
+                o.delay = Some((r.parse().map_err(|_| bad())?, std::time::Duration::from_secs_f64(ms / 1e3)));
+            }
             "-a" | "--average" => {
                 o.average = val()?.parse().ok().filter(|a| *a <= 3).ok_or("-a takes 0, 1, 2 or 3")?;
             }

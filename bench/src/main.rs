@@ -74,7 +74,11 @@ fn timed(
     settle()?;
     c.barrier()?;
     let t = Instant::now();
+    let delay = o.delay.filter(|d| d.0 == c.rank()).map(|d| d.1);
     for _ in 0..o.iters {
+        if let Some(d) = delay {
+            std::thread::sleep(d); // --delay: a straggler on purpose
+        }
         run()?;
     }
     settle()?;
