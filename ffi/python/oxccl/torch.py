@@ -49,6 +49,20 @@ _EXT = _ext.load()
 _TIMEOUT, _REMOTE = 8, 6
 
 
+# the names ProcessGroupNCCL gives its profiler ranges ("nccl:" + this), where ours differ
+_PROFILE_NAMES = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allreduce_sparse": "all_reduce_sparse",
+    "allgather": "all_gather",
+    "allgather_coalesced": "all_gather_coalesced",
+    "allgather_into_tensor": "_allgather_base",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor": "_reduce_scatter_base",
+    "all_to_all_single": "all_to_all",
+}
+
+
 def _message(e, rank, what, ms):
     """torch's words for an operation's failure (gloo's, which users and torch's tests look
     for), then oxccl's detail."""
@@ -131,7 +145,14 @@ class Impl(Ops, Moves, Elastic):
 
     def _submit(self, what, fn, result, timeout_ms=-1, any_source=False):
         """Run `fn` (which returns the matched source of an any-source receive, or None) in order
-        on the worker; returns its Work."""
+        on the worker; returns its Work. Under torch.profiler the call is a `nccl:<op>` range, as
+        ProcessGroupNCCL names its own (checking the profiler first costs nothing when it is off)."""
+        if torch.autograd._profiler_enabled():
+            with torch.profiler.record_function("nccl:" + _PROFILE_NAMES.get(what, what)):
+                return self._submit_now(what, fn, result, timeout_ms, any_source)
+        return self._submit_now(what, fn, result, timeout_ms, any_source)
+
+    def _submit_now(self, what, fn, result, timeout_ms, any_source):
         if self._comm is None:
             if self._reconfigured:
                 raise RuntimeError("oxccl backend: created with enable_reconfigure: call reconfigure first")

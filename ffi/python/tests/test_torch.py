@@ -132,6 +132,20 @@ def ops_worker(rank, world, port):
     for i, t in enumerate(ts):
         assert torch.equal(t, torch.full((1000,), float(n * i + n * (n - 1) // 2)))
     dist.barrier()
+    # under torch.profiler, each operation is a "nccl:<op>" range in the Chrome trace
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(torch.ones(8))
+        dist.all_gather_into_tensor(torch.zeros(2 * n), torch.ones(2))
+        dist.broadcast(torch.ones(3), src=0)
+    trace = os.path.join(tempfile.gettempdir(), f"oxccl-prof-{os.getpid()}.json")
+    prof.export_chrome_trace(trace)
+    import json
+
+    with open(trace) as f:
+        names = {e.get("name") for e in json.load(f)["traceEvents"]}
+    os.unlink(trace)
+    for want in ("nccl:all_reduce", "nccl:_allgather_base", "nccl:broadcast"):
+        assert want in names, (want, sorted(x for x in names if x and "nccl" in x))
     dist.destroy_process_group()
 
 
