@@ -94,7 +94,9 @@ fn status_names_the_rank_stopped_with_sigstop() {
     assert!(verdict.ends_with("ranks [0, 1, 3] wait for them"), "{verdict}");
     let victim_line = text.lines().find(|l| l.trim_start().starts_with(&format!("rank {victim} "))).unwrap();
     assert!(victim_line.contains(&format!("pid {}", pids[victim])), "{victim_line}");
-    assert!(victim_line.contains("no status published"), "{victim_line}");
+    // (it may have published its straggler window's view before it was stopped)
+    let silent = ["no status published", "not in a long operation"];
+    assert!(silent.iter().any(|s| victim_line.contains(s)), "{victim_line}");
     drop(job);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -164,10 +164,10 @@ impl Communicator {
         let spin = cfg.spin.unwrap_or(if oversubscribed { us(0) } else { us(50) });
         let yield_for = cfg.yield_for.unwrap_or(if oversubscribed { us(1000) } else { us(50) });
         let ctx = TransportCtx { rank, nranks, comm_id, secret, peers: peers.clone() };
-        let watch = crate::runtime::CommWatch::new(nranks, &cfg);
+        let watch = crate::runtime::CommWatch::default();
         let transports = crate::runtime::transports(ctx, &cfg, host_ids.len() > 1)?;
         let sh = Arc::new(Shared {
-            recorder: Mutex::new(std::collections::VecDeque::with_capacity(RECORDS)),
+            recorder: Mutex::new(crate::runtime::Book::new(nranks, &cfg)),
             born: Instant::now(),
             generation: crate::fork_generation(),
             born_unix_ms: std::time::SystemTime::now()

@@ -10,7 +10,7 @@ impl Communicator {
     /// Each rank times only its "clean" peers (see `src/watch/lateness.rs`); `oxccl-perf
     /// --status` adds up every rank's view.
     pub fn lateness(&self) -> Lateness {
-        self.sh.watch.lateness.lock().unwrap().report()
+        self.sh.recorder.lock().unwrap().lateness.report()
     }
 
     /// The rank most often last to arrive, every rank's view added up (each publishes its view
@@ -24,7 +24,7 @@ impl Communicator {
 
     /// Operations of kind `coll` this rank completed, and their bytes (count × type size).
     pub fn completed_totals(&self, coll: crate::Coll) -> (u64, u64) {
-        self.sh.watch.counters.totals(coll)
+        self.sh.recorder.lock().unwrap().counters.totals(coll)
     }
 
     /// The communicator's id, as status records, metrics and flight records print it (16 hex

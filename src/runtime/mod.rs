@@ -25,8 +25,7 @@ use crate::store::{Store, StoreServer};
 use crate::Error;
 use oxccl_transport::wait::Doorbell;
 use oxccl_transport::{PeerInfo, Transport};
-use recorder::Record;
-pub(crate) use recorder::RECORDS;
+pub(crate) use recorder::Book;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -60,8 +59,9 @@ pub(crate) struct State {
 pub(crate) type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
 
 pub(crate) struct Shared {
-    /// The last operations, for the flight record written on the first error.
-    pub(crate) recorder: Mutex<std::collections::VecDeque<Record>>,
+    /// The last operations (for the flight record written on the first error), the counters and
+    /// the straggler window.
+    pub(crate) recorder: Mutex<recorder::Book>,
     /// When the communicator was created (times in the record are relative to it).
     pub(crate) born: Instant,
     /// The fork generation that made it (a `fork` child must not close its connections, which

@@ -21,6 +21,33 @@ pub(crate) struct Record {
 /// How many operations the flight recorder keeps per communicator.
 pub(crate) const RECORDS: usize = 64;
 
+/// What a communicator keeps of its operations, under one lock (taken once at the start and
+/// once at the end of each): the flight recorder's last operations, the counters the metrics
+/// export, and the straggler window.
+pub(crate) struct Book {
+    pub(crate) ops: std::collections::VecDeque<Record>,
+    pub(crate) counters: crate::watch::metrics::Counters,
+    pub(crate) lateness: crate::watch::lateness::Tracker,
+}
+
+impl Book {
+    pub(crate) fn new(nranks: usize, cfg: &crate::Config) -> Book {
+        Book {
+            ops: std::collections::VecDeque::with_capacity(RECORDS),
+            counters: crate::watch::metrics::Counters::new(nranks),
+            lateness: crate::watch::lateness::Tracker::new(nranks, cfg.watch.straggler_window, cfg.watch.straggler_min),
+        }
+    }
+
+    /// Operation `seq` ended (`done`: completed).
+    pub(crate) fn end(&mut self, seq: u64, fp: Fingerprint, done: bool, end: Instant) {
+        if let Some(x) = self.ops.iter_mut().rev().find(|x| x.seq == seq && x.fp == fp && x.end.is_none()) {
+            x.end = Some(end);
+            x.failed = !done;
+        }
+    }
+}
+
 impl Shared {
     pub(crate) fn record(
         &self,
@@ -30,19 +57,11 @@ impl Shared {
         sched: Arc<crate::schedule::Schedule>,
         start: Instant,
     ) {
-        let mut r = self.recorder.lock().unwrap();
+        let r = &mut self.recorder.lock().unwrap().ops;
         if r.len() == RECORDS {
             r.pop_front();
         }
         r.push_back(Record { seq, fp, tag, sched, start, end: None, failed: false });
-    }
-
-    pub(crate) fn record_end(&self, seq: u64, fp: Fingerprint, done: bool, end: Instant) {
-        let mut r = self.recorder.lock().unwrap();
-        if let Some(x) = r.iter_mut().rev().find(|x| x.seq == seq && x.fp == fp && x.end.is_none()) {
-            x.end = Some(end);
-            x.failed = !done;
-        }
     }
 
     /// Write the flight record (`<dir>/oxccl-<comm>-rank<r>.json`, [`crate::flight`]): the last
@@ -55,6 +74,7 @@ impl Shared {
             .recorder
             .lock()
             .unwrap()
+            .ops
             .iter()
             .map(|r| {
                 let (rx, tx) = r.sched.peers();
@@ -84,10 +104,10 @@ impl Shared {
             created_unix_ms: self.born_unix_ms as u64,
             error: e.to_string(),
             straggler: self
-                .watch
-                .lateness
+                .recorder
                 .lock()
                 .unwrap()
+                .lateness
                 .report()
                 .straggler()
                 .map(|s| s.to_string())

@@ -3,32 +3,27 @@
 
 use super::*;
 use crate::exec::OpRun;
-use crate::watch::lateness::Tracker;
-use crate::watch::metrics::{Counters, Sample};
+use crate::watch::metrics::Sample;
 use crate::watch::status::{registration, RankStatus, Running, COMMS};
 use crate::watch::trace::{self, OpSpan};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// A communicator's watching state.
+/// A rank publishes its straggler view at the end of a window at most this often (a store
+/// round trip in a thread of its own: on a busy machine, every 1000 operations of 8 B was 70%
+/// on their time).
+pub(crate) const VIEW_EVERY: Duration = Duration::from_secs(10);
+
+/// A communicator's watching state (its counters and straggler window are in the flight
+/// recorder's [`super::Book`]).
+#[derive(Default)]
 pub(crate) struct CommWatch {
-    pub(crate) counters: Counters,
-    pub(crate) lateness: Mutex<Tracker>,
     /// Registered for status in the store (once).
     registered: AtomicBool,
     /// A status record is being written (at most one at a time).
     publishing: Arc<AtomicBool>,
-}
-
-impl CommWatch {
-    pub(crate) fn new(nranks: usize, cfg: &Config) -> CommWatch {
-        CommWatch {
-            counters: Counters::new(nranks),
-            lateness: Mutex::new(Tracker::new(nranks, cfg.watch.straggler_window, cfg.watch.straggler_min)),
-            registered: AtomicBool::new(false),
-            publishing: Default::default(),
-        }
-    }
+    /// When this rank last published its straggler view.
+    view_at: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -36,22 +31,31 @@ impl Shared {
     /// the counters, the straggler window and the trace.
     pub(crate) fn completed(&self, r: &OpRun<'_>, end: Instant) {
         let done = r.done();
-        self.record_end(r.seq, r.fp, done, end);
-        let w = &self.watch;
-        if !done {
-            w.counters.failed();
-        } else {
-            let took = r.obs.entered.map_or(Duration::ZERO, |e| end.saturating_duration_since(e));
-            w.counters.completed(r.fp.coll, r.fp.count * r.fp.dtype.size(), took, &r.obs.waits);
-            if !matches!(r.fp.coll, crate::Coll::Send | crate::Coll::Recv) {
-                let full = w.lateness.lock().unwrap().observe(r.sched.clean_peers(), r.obs.latest);
-                if let Some(l) = full {
-                    if let Some(s) = l.straggler() {
-                        tracing::info!(rank = self.rank, "{s} (seen from rank {})", self.rank);
-                    }
-                    // every rank's view in the store: the job's straggler adds them up
-                    self.publish_status(None);
+        let full = {
+            let mut book = self.recorder.lock().unwrap();
+            book.end(r.seq, r.fp, done, end);
+            if !done {
+                book.counters.failed();
+                None
+            } else {
+                let took = r.obs.entered.map_or(Duration::ZERO, |e| end.saturating_duration_since(e));
+                book.counters.completed(r.fp.coll, r.fp.count * r.fp.dtype.size(), took, &r.obs.waits);
+                match r.fp.coll {
+                    crate::Coll::Send | crate::Coll::Recv => None,
+                    _ => book.lateness.observe(r.sched.clean_peers(), r.obs.latest),
                 }
+            }
+        };
+        if let Some(l) = full {
+            if let Some(s) = l.straggler() {
+                tracing::info!(rank = self.rank, "{s} (seen from rank {})", self.rank);
+            }
+            // every rank's view in the store (the job's straggler adds them up), now and then
+            let mut at = self.watch.view_at.lock().unwrap();
+            if at.is_none_or(|t| end.saturating_duration_since(t) >= VIEW_EVERY) {
+                *at = Some(end);
+                drop(at);
+                self.publish_status(None);
             }
         }
         if let (Some(steps), Some(start)) = (r.obs.steps.as_deref(), r.obs.entered) {
@@ -62,15 +66,11 @@ impl Shared {
 
     /// This rank's status record now.
     fn status_record(&self, running: Option<crate::exec::LongOp>) -> RankStatus {
-        let last = self
-            .recorder
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|x| x.end.is_some() && !x.failed)
-            .map(|x| (x.seq, x.fp.to_string()));
-        let late = self.watch.lateness.lock().unwrap().report();
+        let (last, late) = {
+            let book = self.recorder.lock().unwrap();
+            let last = book.ops.iter().rev().find(|x| x.end.is_some() && !x.failed).map(|x| (x.seq, x.fp.to_string()));
+            (last, book.lateness.report())
+        };
         let late = late.peers.iter().map(|p| (p.peer, p.last, p.observed, p.median_lag.as_micros() as u64)).collect();
         let time_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64);
         RankStatus {
@@ -143,7 +143,7 @@ impl Shared {
                 true => ranks.push(mine.clone()),
                 false => match read(r) {
                     Some(x) => ranks.push(x),
-                    None => return self.watch.lateness.lock().unwrap().report().straggler(),
+                    None => return self.recorder.lock().unwrap().lateness.report().straggler(),
                 },
             }
         }
@@ -153,18 +153,21 @@ impl Shared {
 }
 
 impl crate::watch::Watched for Shared {
-    fn sample(&self) -> Sample<'_> {
+    fn sample(&self) -> Sample {
         let memory = {
             let st = self.state.lock().unwrap();
             st.conns.send.iter().flatten().map(|c| c.memory()).sum::<usize>()
                 + st.conns.recv.iter().flatten().map(|c| c.memory()).sum::<usize>()
         };
-        let late = self.watch.lateness.lock().unwrap().report();
+        let (counters, late) = {
+            let book = self.recorder.lock().unwrap();
+            (book.counters.clone(), book.lateness.report())
+        };
         Sample {
             comm: self.comm_id,
             rank: self.rank,
             nranks: self.nranks,
-            counters: &self.watch.counters,
+            counters,
             memory,
             last_arrivals: late.peers.iter().map(|p| (p.peer, p.last)).collect(),
         }

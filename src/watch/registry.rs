@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 /// A communicator the exporters can read.
 pub(crate) trait Watched: Send + Sync {
     /// Its counters and labels now.
-    fn sample(&self) -> Sample<'_>;
+    fn sample(&self) -> Sample;
 }
 
 static LIVE: Mutex<Vec<Weak<dyn Watched>>> = Mutex::new(Vec::new());
@@ -58,7 +58,7 @@ pub fn endpoint() -> Option<std::net::SocketAddr> {
 /// Every live communicator's metrics, in Prometheus' text format.
 pub fn render_all() -> String {
     let live: Vec<Arc<dyn Watched>> = LIVE.lock().unwrap().iter().filter_map(Weak::upgrade).collect();
-    let samples: Vec<Sample<'_>> = live.iter().map(|c| c.sample()).collect();
+    let samples: Vec<Sample> = live.iter().map(|c| c.sample()).collect();
     render(&samples)
 }
 

@@ -251,7 +251,7 @@ impl CommStatus {
             let phrase = match r {
                 Some(r) if fresh(r) => "have not reached",
                 Some(RankStatus { running: Some(_), .. }) => "stopped reporting in",
-                _ => "publish no status and have not completed their part of",
+                _ => "report nothing and have not completed their part of",
             };
             match groups.iter_mut().find(|g| g.0 == phrase) {
                 Some(g) => {
@@ -387,7 +387,7 @@ mod tests {
         let c = CommStatus { prefix: "p".into(), comm: "c".into(), ranks };
         assert_eq!(
             c.verdict(),
-            "ranks [5] publish no status and have not completed their part of allreduce #7 (stopped, hung, or busy \
+            "ranks [5] report nothing and have not completed their part of allreduce #7 (stopped, hung, or busy \
              outside oxccl); ranks [0-4, 6, 7] wait for them"
         );
         // a rank whose fresh record says it is elsewhere has not reached it
