@@ -35,7 +35,12 @@ impl Book {
         Book {
             ops: std::collections::VecDeque::with_capacity(RECORDS),
             counters: crate::watch::metrics::Counters::new(nranks),
-            lateness: crate::watch::lateness::Tracker::new(nranks, cfg.watch.straggler_window, cfg.watch.straggler_min),
+            // (a rank alone has no peer to be late)
+            lateness: crate::watch::lateness::Tracker::new(
+                nranks,
+                if nranks > 1 { cfg.watch.straggler_window } else { 0 },
+                cfg.watch.straggler_min,
+            ),
         }
     }
 
