@@ -259,15 +259,8 @@ fn disarm<C: DriveComm + ?Sized>(comms: &[&C], armed: &[(usize, Blocked)]) {
     }
 }
 
-/// What a long wait waits for, for the periodic report: "rank 0: waiting for ranks [1] in
-/// allreduce #12 (float, 4 MiB), 30 of 600 s".
-pub(crate) fn wait_note<C: DriveComm + ?Sized>(
-    comms: &[&C],
-    ops: &[&OpRun<'_>],
-    waited: Duration,
-    limit: Duration,
-) -> String {
-    let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
+/// The peers the unfinished `ops` are blocked on, sorted and distinct.
+fn blocked_on(ops: &[&OpRun<'_>]) -> Vec<usize> {
     let mut peers: Vec<usize> = ops
         .iter()
         .filter(|o| !o.done())
@@ -278,12 +271,26 @@ pub(crate) fn wait_note<C: DriveComm + ?Sized>(
         .collect();
     peers.sort_unstable();
     peers.dedup();
+    peers
+}
+
+/// `(float, 4 MiB)`: an op's type and size, for messages.
+fn size_of(o: &OpRun<'_>) -> String {
+    format!("({}, {})", o.fp.dtype.name(), human_bytes(o.fp.count * o.fp.dtype.size()))
+}
+
+/// What a long wait waits for, for the periodic report: "rank 0: waiting for ranks [1] in
+/// allreduce #12 (float, 4 MiB), 30 of 600 s".
+pub(crate) fn wait_note<C: DriveComm + ?Sized>(
+    comms: &[&C],
+    ops: &[&OpRun<'_>],
+    waited: Duration,
+    limit: Duration,
+) -> String {
+    let rank = ops.first().map(|o| comms[o.comm].rank()).unwrap_or(0);
+    let peers = blocked_on(ops);
     let what = match ops.iter().find(|o| !o.done()) {
-        Some(o) => {
-            let bytes = o.fp.count * o.fp.dtype.size();
-            let name = o.fp.coll.wire_name();
-            format!("{name} #{} ({}, {})", o.seq, o.fp.dtype.name(), human_bytes(bytes))
-        }
+        Some(o) => format!("{} #{} {}", o.fp.coll.wire_name(), o.seq, size_of(o)),
         None => "flushing the last sends".into(),
     };
     format!(
@@ -295,21 +302,9 @@ pub(crate) fn wait_note<C: DriveComm + ?Sized>(
 
 /// What `ops` (one communicator's active operations) wait for, for its status record.
 pub(crate) fn long_op(ops: &[&OpRun<'_>], waited: Duration) -> LongOp {
-    let mut waiting_for: Vec<usize> = ops
-        .iter()
-        .filter(|o| !o.done())
-        .filter_map(|o| match o.blocked {
-            Some(Blocked::Recv(p) | Blocked::Send(p)) => Some(p),
-            None => None,
-        })
-        .collect();
-    waiting_for.sort_unstable();
-    waiting_for.dedup();
+    let waiting_for = blocked_on(ops);
     let (seq, what) = match ops.iter().find(|o| !o.done()).or(ops.first()) {
-        Some(o) => {
-            let bytes = o.fp.count * o.fp.dtype.size();
-            (o.seq, format!("{} ({}, {})", o.fp.coll.wire_name(), o.fp.dtype.name(), human_bytes(bytes)))
-        }
+        Some(o) => (o.seq, format!("{} {}", o.fp.coll.wire_name(), size_of(o))),
         None => (0, "flushing".into()),
     };
     LongOp { seq, what, waited, waiting_for }

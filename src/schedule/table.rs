@@ -26,8 +26,8 @@ pub enum Coll {
 }
 
 impl Coll {
-    /// The collectives (every operation but send and recv).
-    pub const COLLECTIVES: [Coll; 8] = [
+    /// Every operation, in declaration order (`Coll::ALL[c as usize] == c`).
+    pub const ALL: [Coll; 10] = [
         Coll::AllReduce,
         Coll::AllGather,
         Coll::ReduceScatter,
@@ -36,7 +36,14 @@ impl Coll {
         Coll::AllToAll,
         Coll::Gather,
         Coll::Scatter,
+        Coll::Send,
+        Coll::Recv,
     ];
+    /// The collectives (every operation but send and recv).
+    pub const COLLECTIVES: [Coll; 8] = {
+        let a = Coll::ALL;
+        [a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]]
+    };
 
     /// Name used in messages and tables.
     pub fn name(self) -> &'static str {
