@@ -129,12 +129,16 @@ typedef struct ncclDevCommRequirements {
   bool useRuntimeVersion;
   int cftCaps;
   int cftBarrierCount;
+  /* NCCL 2.32.6 appended these two (a 2.32.3 caller's size ends before them) */
+  int* ginCustomArray;
+  int ginCustomArrayCount;
 } ncclDevCommRequirements_t;
 
 #define NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER {                                          \
   sizeof(ncclDevCommRequirements_t), NCCL_API_MAGIC, NCCL_VERSION_CODE,                   \
   NULL, NULL, false, 0, 0, 0, 0, 0, false, 4, 0, 0, NCCL_GIN_CONNECTION_NONE, false, 0,   \
   NCCL_CONFIG_UNDEF_INT, 0, true, true, 1, NCCL_GIN_TYPE_NONE, false, NCCL_CFT_NONE, 0,   \
+  NULL, 0,                                                                                \
 }
 
 typedef struct ncclCommProperties {
