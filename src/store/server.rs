@@ -20,7 +20,8 @@ struct ServerState {
     cv: Condvar,
     stop: AtomicBool,
     clients: Mutex<Vec<TcpStream>>,
-    /// Notified when a client's connection ends (the lingering drop waits for the last).
+    /// Notified when a client connects or its connection ends (the lingering drop waits for
+    /// the last to go).
     left: Condvar,
     secret: Option<[u8; 32]>,
     master: Option<MasterKey>,
@@ -79,6 +80,7 @@ impl StoreServer {
                     let Ok(s) = conn else { continue };
                     if let Ok(c) = s.try_clone() {
                         st.clients.lock().unwrap().push(c);
+                        st.left.notify_all();
                     }
                     let st2 = st.clone();
                     let _ = std::thread::Builder::new()
@@ -119,14 +121,27 @@ impl Drop for StoreServer {
     }
 }
 
+/// How long a lingering server waits with no client before it stops.
+const GRACE: Duration = Duration::from_millis(200);
+
 /// Wait (bounded by [`LINGER`]) for the clients still connected to go, then stop.
 fn stop(st: &ServerState, addr: SocketAddr, accept: Option<std::thread::JoinHandle<()>>) {
     let until = std::time::Instant::now() + LINGER;
     let mut clients = st.clients.lock().unwrap();
-    while !clients.is_empty() {
+    loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             break;
+        }
+        if clients.is_empty() {
+            // none for a moment: a connection the kernel completed but the accept thread has not
+            // taken yet would be reset by stopping now
+            let (g, quiet) = st.left.wait_timeout(clients, GRACE.min(left)).unwrap();
+            clients = g;
+            if quiet.timed_out() && clients.is_empty() {
+                break;
+            }
+            continue;
         }
         clients = st.left.wait_timeout(clients, left).unwrap().0;
     }
