@@ -433,7 +433,7 @@ impl Engine {
     fn idle<'a, C: DriveComm + ?Sized, R: Runs<'a> + ?Sized>(
         &mut self,
         comms: &[&C],
-        runs: &R,
+        runs: &mut R,
         wake: &[WaitSource],
         out: &mut Vec<Finished>,
     ) {
@@ -444,8 +444,12 @@ impl Engine {
             return;
         }
         let now = Instant::now();
+        let first = l.idle_since.is_none();
         let since = *l.idle_since.get_or_insert(now);
         let (spin, yield_for) = (l.spin, l.yield_for);
+        if first {
+            self.idle_at(runs, now);
+        }
         let before = out.len();
         self.expire(comms, runs, now, out);
         if out.len() > before || now - since < spin {

@@ -122,7 +122,7 @@ impl<'a> OpRun<'a> {
             self.obs.step_try();
             match self.try_step(self.pc, &step, conns) {
                 Ok(true) => {
-                    self.obs.step_done(self.pc, &step, step.count * self.fp.dtype.size());
+                    self.obs.step_done(self.pc, &step, self.fp.dtype.size());
                     self.pc += 1;
                     progressed = true;
                 }
@@ -137,8 +137,8 @@ impl<'a> OpRun<'a> {
     #[inline]
     fn note_received(&mut self, p: usize) {
         if self.obs.waits_for(p) {
-            let first_clean = self.rx_idx[p] == 0 && self.sched.clean_peers().contains(&p);
-            self.obs.received(p, first_clean);
+            let (rx, sched) = (&self.rx_idx, &self.sched);
+            self.obs.received(p, || rx[p] == 0 && sched.clean_peers().contains(&p));
         }
     }
 

@@ -12,8 +12,9 @@
 //!   file.
 //! - [`trace`]: operations and their steps as a Chrome trace (`oxccl-perf --trace`).
 //!
-//! The fast path pays a relaxed atomic add or two per operation and, when it had to wait for a
-//! message, one clock read when the message came.
+//! The fast path pays a few plain adds per operation under the flight recorder's lock, and no
+//! clock read for a short wait: a wait is timed only once it outlasts the engine's spinning
+//! (whose first clock reading starts it), with one clock read when its message comes.
 
 pub mod lateness;
 pub mod metrics;

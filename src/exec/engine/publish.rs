@@ -1,5 +1,7 @@
-//! The engine's status publication: an operation that ran past [`Policy::status`] has its
-//! communicator publish what it waits for, and again at that interval while it runs.
+//! The engine's part in watching: it times the waits that outlast its spinning (the first clock
+//! reading of an idle spell starts their clocks, [`crate::exec::Observe::idle_at`]), and an
+//! operation that ran past [`Policy::status`] has its communicator publish what it waits for,
+//! and again at that interval while it runs.
 
 use super::super::wait::{long_op, DriveComm, Policy};
 use super::{Engine, Runs};
@@ -7,6 +9,17 @@ use crate::exec::OpRun;
 use std::time::Instant;
 
 impl Engine {
+    /// The clock read `now` at the start of an idle spell: the active operations' waits are
+    /// timed from here.
+    pub(super) fn idle_at<'a, R: Runs<'a> + ?Sized>(&mut self, runs: &mut R, now: Instant) {
+        let mut active = std::mem::take(&mut self.scratch);
+        self.active_into(&mut active);
+        for &id in &active {
+            runs.run_mut(id).obs.idle_at(now);
+        }
+        self.scratch = active;
+    }
+
     /// Publish, per communicator, where a status is due.
     pub(super) fn publish<'a, C: DriveComm + ?Sized, R: Runs<'a> + ?Sized>(
         &mut self,
