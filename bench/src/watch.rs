@@ -27,7 +27,7 @@ pub fn status(spec: Option<&str>) -> ExitCode {
         Ok(job) if job.comms.is_empty() => {
             println!(
                 "no communicator has published a status yet (ranks publish while an operation runs longer than \
-                 OXCCL_STATUS_AFTER_MS, on their first error, and with their straggler view at most every 10 s)"
+                 OXCCL_STATUS_AFTER_MS, on their first error, and with their straggler view when a peer was late, at most every 10 s)"
             );
             ExitCode::SUCCESS
         }
