@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # watch_ab.sh - the cost of watching (straggler counters, status off the fast path, per-peer wait
 # times, op counters): oxccl-perf built before watching existed (BASE, a commit) against this
-# checkout, 2 local ranks, 8 B latency and 1 MiB busbw, interleaved (base, head, head, base, ...)
-# for REPS rounds, then the medians and the ratios. Usage: bench/watch_ab.sh [REPS=7] [BASE=964434f]
+# checkout, 2 local ranks, 8 B latency and 1 MiB busbw. Each round runs both, in alternating
+# order, so that a round's two runs share the machine's state; the report gives each build's
+# median and the median of the per-round ratios with their interquartile range (the noise).
+# With METRICS=1 the checkout also serves its metrics (OXCCL_METRICS_PORT=0).
+# Usage: bench/watch_ab.sh [REPS=21] [BASE=964434f]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-REPS="${1:-7}"
+REPS="${1:-21}"
 BASE="${2:-964434f}"
 OUT="${OUT:-${TMPDIR:-/tmp}/oxccl-watch-ab}"
 mkdir -p "$OUT"; rm -f "$OUT"/*.txt
@@ -15,38 +18,34 @@ if [ ! -x "$OUT/base-target/release/oxccl-perf" ]; then
   (cd "$OUT/base" && CARGO_TARGET_DIR="$OUT/base-target" cargo build --release -q -p oxccl-bench)
   git -C "$ROOT" worktree remove -f "$OUT/base"
 fi
+env=()
+[ "${METRICS:-0}" = 1 ] && env+=(OXCCL_METRICS_PORT=0)
 run() { # which binary
-  "$2" -b 8 -e 8 -n 20000 -w 2000 -c 0 >> "$OUT/$1.txt"
-  "$2" -b 1M -e 1M -n 300 -w 30 -c 0 >> "$OUT/$1.txt"
+  env "${@:3}" "$2" -b 8 -e 8 -n 100000 -w 5000 -c 0 | awk '$1 == 8 {print $6}' >> "$OUT/$1.8.txt"
+  env "${@:3}" "$2" -b 1M -e 1M -n 1000 -w 50 -c 0 | awk '$1 == 1048576 {print $8}' >> "$OUT/$1.1M.txt"
 }
 for r in $(seq 1 "$REPS"); do
   if [ $((r % 2)) = 1 ]; then
-    run base "$OUT/base-target/release/oxccl-perf"; run head "$ROOT/target/release/oxccl-perf"
+    run base "$OUT/base-target/release/oxccl-perf"; run head "$ROOT/target/release/oxccl-perf" "${env[@]}"
   else
-    run head "$ROOT/target/release/oxccl-perf"; run base "$OUT/base-target/release/oxccl-perf"
+    run head "$ROOT/target/release/oxccl-perf" "${env[@]}"; run base "$OUT/base-target/release/oxccl-perf"
   fi
 done
 python3 - "$OUT" <<'PY'
-import sys, statistics as st, collections
+import sys, statistics as st
 out = sys.argv[1]
-def rows(which):
-    d = collections.defaultdict(lambda: ([], []))
-    for l in open(f"{out}/{which}.txt"):
-        f = l.split()
-        if not f or f[0].startswith('#') or not f[0].isdigit():
-            continue
-        d[int(f[0])][0].append(float(f[5])); d[int(f[0])][1].append(float(f[7]))
-    return d
-base, head = rows("base"), rows("head")
-print("| size | before watching | with watching | with / before |")
+def col(which, size):
+    return [float(x) for x in open(f"{out}/{which}.{size}.txt")]
+def iqr(v):
+    v = sorted(v); q = len(v) // 4
+    return v[q], v[-q - 1]
+print("| size | before watching | with watching | with / before, per round: median (IQR) |")
 print("|---|---|---|---|")
-for size in sorted(base):
-    b, h = base[size], head[size]
-    if size <= 4096:
-        mb, mh = st.median(b[0]), st.median(h[0])
-        print(f"| {size} B | {mb:.2f} us | {mh:.2f} us | {mh / mb:.3f} (time) |")
-    else:
-        mb, mh = st.median(b[1]), st.median(h[1])
-        print(f"| {size >> 20} MiB | {mb:.2f} GB/s | {mh:.2f} GB/s | {mh / mb:.3f} (busbw) |")
-print(f"rounds: {len(base[8][0])} each; per-round 8 B times base {sorted(base[8][0])} head {sorted(head[8][0])}")
+for size, unit, what in (("8", "us", "time"), ("1M", "GB/s", "busbw")):
+    b, h = col("base", size), col("head", size)
+    r = [y / x for x, y in zip(b, h)]
+    lo, hi = iqr(r)
+    name = "8 B" if size == "8" else "1 MiB"
+    print(f"| {name} | {st.median(b):.2f} {unit} | {st.median(h):.2f} {unit} | {st.median(r):.3f} ({lo:.3f}-{hi:.3f}) {what} |")
+print(f"rounds: {len(col('base', '8'))}")
 PY

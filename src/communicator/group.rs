@@ -107,7 +107,8 @@ impl<'a> Group<'a> {
             c.sh.wait_async_idle();
         }
         let now = Instant::now(); // one clock read for the deadline and the flight record
-        let mut runs = self.prepare(&comms, now)?;
+        let mut runs = Runs::new();
+        self.prepare(&comms, now, &mut runs)?;
         let shareds: Few<&Shared> = comms.iter().map(|c| &*c.sh).collect();
         let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
         let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
@@ -158,9 +159,10 @@ impl<'a> Group<'a> {
         comms
     }
 
-    /// Sequence numbers, schedules and connections for every op (the caller holds the busy
-    /// guards of `comms`).
-    pub(crate) fn prepare(self, comms: &[&'a Communicator], now: Instant) -> Result<Runs<'a>> {
+    /// Sequence numbers, schedules and connections for every op, into `runs` (the caller's:
+    /// an op is moved as little as can be on the fast path; the caller holds the busy guards
+    /// of `comms`).
+    pub(crate) fn prepare(self, comms: &[&'a Communicator], now: Instant, runs: &mut Runs<'a>) -> Result<()> {
         for c in comms {
             check_state(&c.sh, &c.sh.state.lock().unwrap())?;
         }
@@ -173,7 +175,7 @@ impl<'a> Group<'a> {
             let algo = c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos);
             algos.push(algo.map_err(|e| e.with_op(d.coll.name()))?);
         }
-        let mut runs: Runs<'a> = SmallVec::with_capacity(self.ops.len());
+        runs.reserve(self.ops.len());
         for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
             let sh = &*c.sh;
@@ -223,9 +225,10 @@ impl<'a> Group<'a> {
             let sel = opts.algos.wire();
             let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
             sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
-            let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
-            run.obs = crate::exec::Observe::new(now);
-            runs.push(run);
+            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
+            if let Some(run) = runs.last_mut() {
+                run.obs = crate::exec::Observe::new(now);
+            }
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
         // and nothing allocated, when every connection exists: the steady state)
@@ -235,7 +238,7 @@ impl<'a> Group<'a> {
             rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some())
         });
         if connected {
-            return Ok(runs);
+            return Ok(());
         }
         let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
         let mut setups: Vec<Setup<'_>> = shareds
@@ -264,6 +267,6 @@ impl<'a> Group<'a> {
             }
             return Err(e);
         }
-        Ok(runs)
+        Ok(())
     }
 }

@@ -28,8 +28,9 @@ impl Communicator {
         let _busy = self.enter()?;
         let mut g = Group::new();
         g.add_with(self, desc, opts, mem)?;
-        let run = g
-            .prepare(&[self], Instant::now())?
+        let mut runs = super::group::Runs::new();
+        g.prepare(&[self], Instant::now(), &mut runs)?;
+        let run = runs
             .pop()
             .and_then(|r| r.into_static())
             .ok_or_else(|| Error::internal("owned op lost its buffers"))?;

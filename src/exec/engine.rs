@@ -49,8 +49,9 @@ struct Slot {
     policy: Policy,
     /// When to say next what it waits for.
     next_report: Option<Instant>,
-    /// When to publish next its communicator's status.
-    next_status: Option<Instant>,
+    /// When it last published its communicator's status (`None`: never; the first is due
+    /// [`Policy::status`] after it started).
+    status_at: Option<Instant>,
     /// Whether its timeout census began.
     census: bool,
     /// Its steps all ran; its sends may still be leaving.
@@ -160,8 +161,7 @@ impl Engine {
         }
         l.yield_for = l.yield_for.max(policy.yield_for);
         let next_report = policy.report.map(|r| policy.started + r);
-        let next_status = policy.status.map(|r| policy.started + r);
-        let slot = Slot { comm: run.comm, policy, next_report, next_status, census: false, flushing: false };
+        let slot = Slot { comm: run.comm, policy, next_report, status_at: None, census: false, flushing: false };
         self.slots.push_back(Some(slot));
         self.live += 1;
         id

@@ -4,7 +4,7 @@
 //! and again at that interval while it runs.
 
 use super::super::wait::{long_op, DriveComm, Policy};
-use super::{Engine, Runs};
+use super::{Engine, Runs, Slot};
 use crate::exec::OpRun;
 use std::time::Instant;
 
@@ -27,11 +27,16 @@ impl Engine {
         runs: &R,
         now: Instant,
     ) {
-        if !self.iter().any(|(_, s)| s.next_status.is_some_and(|t| now >= t)) {
+        // (nothing computed when an op is queued: the fast path)
+        let is_due = |s: &Slot| {
+            let since = s.status_at.unwrap_or(s.policy.started);
+            s.policy.status.is_some_and(|r| now.saturating_duration_since(since) >= r)
+        };
+        if !self.iter().any(|(_, s)| is_due(s)) {
             return;
         }
         let mut due: Vec<u64> = self.active();
-        due.retain(|&id| self.slot(id).next_status.is_some_and(|t| now >= t));
+        due.retain(|&id| is_due(self.slot(id)));
         while let Some(&first) = due.first() {
             let ci = self.slot(first).comm;
             let (mine, rest): (Vec<u64>, Vec<u64>) = due.iter().partition(|&&id| self.slot(id).comm == ci);
@@ -40,7 +45,7 @@ impl Engine {
             comms[ci].long_op(long_op(&ops, now - p.started));
             for id in mine {
                 let s = self.slot_mut(id);
-                s.next_status = s.policy.status.map(|r| now + r);
+                s.status_at = Some(now);
             }
             due = rest;
         }
