@@ -17,12 +17,19 @@ pub(super) fn recursive_doubling(b: &mut Builder, p: &Params) {
             continue;
         }
         let fold = if r < extra { Some(r + p2) } else { None };
-        b.step(Step { recv: fold, src: inp(o), dst: out(o), send: None, count: l, post: false });
+        // the first round reads the input directly (out of place, copying it to the output
+        // first would be one more pass over the message), unless the fold combined it there
+        let mut acc = inp(o);
+        if fold.is_some() || rounds == 0 {
+            b.step(Step { recv: fold, src: inp(o), dst: out(o), send: None, count: l, post: false });
+            acc = out(o);
+        }
         for bit in 0..rounds {
             let partner = r ^ (1 << bit);
             let last = bit + 1 == rounds;
-            b.step(Step { recv: None, src: out(o), dst: None, send: Some(partner), count: l, post: false });
-            b.step(Step { recv: Some(partner), src: out(o), dst: out(o), send: None, count: l, post: p.avg && last });
+            b.step(Step { recv: None, src: acc, dst: None, send: Some(partner), count: l, post: false });
+            b.step(Step { recv: Some(partner), src: acc, dst: out(o), send: None, count: l, post: p.avg && last });
+            acc = out(o);
         }
         if let Some(e) = fold {
             b.step(Step { recv: None, src: out(o), dst: None, send: Some(e), count: l, post: false });
