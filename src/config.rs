@@ -27,8 +27,9 @@ pub struct Config {
     /// Single copy between processes of one host (`process_vm_readv`, Linux CMA) where the
     /// kernel allows it: `OXCCL_CMA=0` turns it off. In operations of at least `cma_min_bytes`
     /// (`OXCCL_CMA_MIN_BYTES`, count × type size, default 32 MiB), values that stay unchanged in
-    /// a user buffer until the operation ends are sent by reference; receivers that only copy
-    /// them read them straight from the sender's memory. Measured here, the kernel's copy runs
+    /// a user buffer until the operation ends are sent by reference to receivers that only copy
+    /// them, which read them straight from the sender's memory (one that combines a message
+    /// with its own data gets it through a slot). Measured here, the kernel's copy runs
     /// at about half of memcpy's speed, so it wins only once buffers no longer fit the caches
     /// (bench/RESULTS.md).
     pub cma: bool,

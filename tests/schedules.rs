@@ -513,3 +513,41 @@ fn stable_sends_match_their_definition() {
     }
     assert!(checked > 10_000, "{checked}");
 }
+
+/// `Schedule::peer_copies` against the peers' schedules matched message by message, and two
+/// known shapes: the ring all-reduce's peers combine in its first half and copy in its second;
+/// recursive doubling's peers always combine.
+#[test]
+fn peer_copies_match_the_receiving_steps() {
+    let mut checked = 0;
+    for algo in Algo::ALL {
+        for coll in COLLS {
+            for n in [2, 3, 5, 8] {
+                let p = |rank| Params { coll, nranks: n, rank, count: 37, root: n - 1, chunk: 4, avg: false, algo };
+                let all: Vec<_> = (0..n).map(|r| build(&p(r))).collect();
+                for (me, s) in all.iter().enumerate() {
+                    s.find_peer_facts(&p(me), &|q| build(q));
+                    let mut sent = vec![0; n];
+                    for (i, st) in s.steps.iter().enumerate() {
+                        let Some(q) = st.send else { continue };
+                        let theirs = all[q].steps.iter().filter(|t| t.recv == Some(me)).nth(sent[q]).unwrap();
+                        sent[q] += 1;
+                        let copies = theirs.src.is_none() && theirs.dst.is_some() && !theirs.post;
+                        assert_eq!(s.peer_copies(i), copies, "{algo:?} {coll:?} n={n} rank={me} step {i}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1_000, "{checked}");
+    let ring = |rank| Params { coll: Coll::AllReduce, nranks: 4, rank, count: 4, root: 0, chunk: 1, avg: false, algo: Algo::Ring };
+    let s = build(&ring(0));
+    s.find_peer_facts(&ring(0), &|q| build(q));
+    let sends: Vec<bool> = (0..s.steps.len()).filter(|&i| s.steps[i].send.is_some()).map(|i| s.peer_copies(i)).collect();
+    assert_eq!(sends, [false, false, false, true, true, true], "{:?}", s.steps);
+    let rd = |rank| Params { algo: Algo::RecursiveDoubling, ..ring(rank) };
+    let s = build(&rd(0));
+    s.find_peer_facts(&rd(0), &|q| build(q));
+    assert!((0..s.steps.len()).all(|i| !s.peer_copies(i)));
+}

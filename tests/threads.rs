@@ -60,9 +60,11 @@ fn eight_ranks_large_messages_over_shm_and_tcp() {
     }
 }
 
-/// Single copy (CMA): large out-of-place operations send stable values by reference and
-/// receivers that only copy read them straight from the sender's memory; results are exact
-/// with it and without it, and turning it off sends nothing by reference.
+/// Single copy (CMA): large out-of-place operations send stable values by reference to
+/// receivers that only copy, which read them straight from the sender's memory (a receiver that
+/// combines would only copy it into a slot first, with the kernel's slower copy: every message
+/// sent by reference is received directly); results are exact with it and without it, and
+/// turning it off sends nothing by reference.
 #[test]
 fn single_copy_by_reference_is_exact_and_used() {
     use oxccl::exec::single_copy_counts;
@@ -86,6 +88,7 @@ fn single_copy_by_reference_is_exact_and_used() {
         let after = single_copy_counts();
         if cma {
             assert!(after.0 > before.0 && after.1 > before.1, "single copy was not used: {before:?} -> {after:?}");
+            assert_eq!(after.0 - before.0, after.1 - before.1, "sent by reference to a receiver that combines");
         }
     }
 }

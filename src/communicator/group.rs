@@ -207,9 +207,9 @@ impl<'a> Group<'a> {
                                 algo,
                             };
                             let s = Arc::new(build_on(&params, &sh.host_of));
-                            if sh.cfg.watch.straggler_window > 0 {
-                                s.find_clean_peers(&params, &|q| build_on(q, &sh.host_of));
-                            }
+                            // (clean peers for the straggler window, and where sending by
+                            // reference pays)
+                            s.find_peer_facts(&params, &|q| build_on(q, &sh.host_of));
                             if st.sched_cache.len() >= 256 {
                                 st.sched_cache.clear();
                             }

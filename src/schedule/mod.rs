@@ -84,6 +84,9 @@ pub struct Schedule {
     /// The peers whose first message to this rank depends on nothing they received (see
     /// [`Schedule::clean_peers`]), set once by whoever caches the schedule.
     clean: std::sync::OnceLock<Vec<usize>>,
+    /// Per step that sends: whether the peer's step receiving it only copies it (see
+    /// [`Schedule::peer_copies`]), set with `clean`.
+    copied: std::sync::OnceLock<Vec<bool>>,
 }
 
 /// Inputs of a schedule generator.
@@ -186,28 +189,58 @@ impl Schedule {
         self.clean.get().map_or(&[], Vec::as_slice)
     }
 
-    /// Work out [`Schedule::clean_peers`] of rank `p.rank` from the peers' own schedules (built
-    /// with `build_peer`, which gets `p` with another rank).
-    pub fn find_clean_peers(&self, p: &Params, build_peer: &dyn Fn(&Params) -> Schedule) {
+    /// Whether the peer receiving step `i`'s message only copies it (its step has no local
+    /// source to combine it with and no avg division): then sending it by reference saves a
+    /// copy; a peer that combines it would first copy it into a slot anyway, with the kernel's
+    /// slower copy. `true` when unknown ([`Schedule::find_peer_facts`] did not run).
+    pub fn peer_copies(&self, i: usize) -> bool {
+        self.copied.get().is_none_or(|c| c.get(i).copied().unwrap_or(true))
+    }
+
+    /// Work out [`Schedule::clean_peers`] and [`Schedule::peer_copies`] of rank `p.rank` from
+    /// the peers' own schedules (built with `build_peer`, which gets `p` with another rank).
+    pub fn find_peer_facts(&self, p: &Params, build_peer: &dyn Fn(&Params) -> Schedule) {
         let me = p.rank;
+        if matches!(p.coll, Coll::Send | Coll::Recv) {
+            self.clean.get_or_init(Vec::new);
+            return;
+        }
+        let (rx, tx) = self.peers();
+        let mut theirs: std::collections::HashMap<usize, Schedule> = Default::default();
+        for &q in rx.iter().chain(tx) {
+            theirs.entry(q).or_insert_with(|| build_peer(&Params { rank: q, ..*p }));
+        }
         self.clean.get_or_init(|| {
-            if matches!(p.coll, Coll::Send | Coll::Recv) {
-                return vec![];
-            }
-            let rx = self.peers().0.to_vec();
-            rx.into_iter()
-                .filter(|&q| {
-                    let theirs = build_peer(&Params { rank: q, ..*p });
-                    let first = theirs.steps.iter().position(|s| s.send == Some(me));
-                    first.is_some_and(|i| theirs.steps[..=i].iter().all(|s| s.recv.is_none()))
+            let clean = |q: &usize| {
+                let steps = &theirs[q].steps;
+                let first = steps.iter().position(|s| s.send == Some(me));
+                first.is_some_and(|i| steps[..=i].iter().all(|s| s.recv.is_none()))
+            };
+            rx.iter().copied().filter(clean).collect()
+        });
+        self.copied.get_or_init(|| {
+            // the k-th message to q is q's k-th receive from this rank (connections are FIFO)
+            let mut receives: std::collections::HashMap<usize, std::vec::IntoIter<bool>> = theirs
+                .iter()
+                .map(|(&q, s)| {
+                    let copies = s.steps.iter().filter(|s| s.recv == Some(me));
+                    (q, copies.map(|s| s.src.is_none() && s.dst.is_some() && !s.post).collect::<Vec<_>>().into_iter())
                 })
-                .collect()
+                .collect();
+            let mut copy = |q: usize| receives.get_mut(&q).and_then(Iterator::next).unwrap_or(true);
+            self.steps.iter().map(|s| s.send.is_some_and(&mut copy)).collect()
         });
     }
 
     /// A schedule of these steps.
     pub fn new(steps: Vec<Step>) -> Schedule {
-        Schedule { steps, peers: Default::default(), stable: Default::default(), clean: Default::default() }
+        Schedule {
+            steps,
+            peers: Default::default(),
+            stable: Default::default(),
+            clean: Default::default(),
+            copied: Default::default(),
+        }
     }
 
     /// For step `i` that sends: the user-buffer slice that holds exactly the value it sends and
