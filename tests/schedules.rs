@@ -541,10 +541,20 @@ fn peer_copies_match_the_receiving_steps() {
         }
     }
     assert!(checked > 1_000, "{checked}");
-    let ring = |rank| Params { coll: Coll::AllReduce, nranks: 4, rank, count: 4, root: 0, chunk: 1, avg: false, algo: Algo::Ring };
+    let ring = |rank| Params {
+        coll: Coll::AllReduce,
+        nranks: 4,
+        rank,
+        count: 4,
+        root: 0,
+        chunk: 1,
+        avg: false,
+        algo: Algo::Ring,
+    };
     let s = build(&ring(0));
     s.find_peer_facts(&ring(0), &|q| build(q));
-    let sends: Vec<bool> = (0..s.steps.len()).filter(|&i| s.steps[i].send.is_some()).map(|i| s.peer_copies(i)).collect();
+    let sends: Vec<bool> =
+        (0..s.steps.len()).filter(|&i| s.steps[i].send.is_some()).map(|i| s.peer_copies(i)).collect();
     assert_eq!(sends, [false, false, false, true, true, true], "{:?}", s.steps);
     let rd = |rank| Params { algo: Algo::RecursiveDoubling, ..ring(rank) };
     let s = build(&rd(0));

@@ -30,10 +30,8 @@ impl Communicator {
         g.add_with(self, desc, opts, mem)?;
         let mut runs = super::group::Runs::new();
         g.prepare(&[self], Instant::now(), &mut runs)?;
-        let run = runs
-            .pop()
-            .and_then(|r| r.into_static())
-            .ok_or_else(|| Error::internal("owned op lost its buffers"))?;
+        let run =
+            runs.pop().and_then(|r| r.into_static()).ok_or_else(|| Error::internal("owned op lost its buffers"))?;
         let (tx, rx) = std::sync::mpsc::channel();
         let started = Instant::now();
         let sh = &self.sh;

@@ -220,6 +220,9 @@ mod tests {
         // nobody late (nothing counts as late below 10 s): no store write at all
         assert_eq!(published(Duration::from_secs(10), Duration::ZERO, Duration::from_millis(300)), [false; 2]);
         // rank 1 late by 3 ms each time: rank 0 (which waited for it) publishes; rank 1 does not
-        assert_eq!(published(Duration::from_millis(1), Duration::from_millis(3), Duration::from_secs(2)), [true, false]);
+        assert_eq!(
+            published(Duration::from_millis(1), Duration::from_millis(3), Duration::from_secs(2)),
+            [true, false]
+        );
     }
 }

@@ -184,7 +184,7 @@ fn local(b: &mut Builder, src: usize, dst: usize, len: usize, post: bool) {
 impl Schedule {
     /// The peers whose first message to this rank they send before receiving anything in the
     /// operation: its arrival tells when that peer entered it (straggler detection,
-    /// `src/watch/lateness.rs`). Empty until [`Schedule::find_clean_peers`] ran.
+    /// `src/watch/lateness.rs`). Empty until [`Schedule::find_peer_facts`] ran.
     pub fn clean_peers(&self) -> &[usize] {
         self.clean.get().map_or(&[], Vec::as_slice)
     }
