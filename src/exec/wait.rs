@@ -5,6 +5,7 @@ use super::{Blocked, Conns, OpRun};
 use crate::Error;
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::ErrorKind;
+use crate::watch::status::Running;
 use std::time::{Duration, Instant};
 
 /// What the engine ([`super::drive`], the progress thread) needs from each communicator involved.
@@ -28,26 +29,13 @@ pub trait DriveComm {
     fn near_deadline(&self, _seq: u64) {}
     /// An operation of this communicator has run past its status time
     /// ([`Policy::status`]): publish what it waits for.
-    fn long_op(&self, _op: LongOp) {}
+    fn long_op(&self, _op: Running) {}
     /// Whether `peer`, on another machine, is known to be gone (its liveness beacon refuses) or
     /// unreachable (silent for seconds); probed at most once a second per peer. For waits that
     /// stalled: a transport may not notice a host that stopped answering before the timeout.
     fn peer_lost(&self, _peer: usize) -> Option<Error> {
         None
     }
-}
-
-/// An operation running long, for the status record (`src/watch/status.rs`).
-#[derive(Debug, Clone)]
-pub struct LongOp {
-    /// Its sequence number.
-    pub seq: u64,
-    /// `allreduce (float, 4 MiB)`.
-    pub what: String,
-    /// How long it has run.
-    pub waited: Duration,
-    /// The peers it is blocked on.
-    pub waiting_for: Vec<usize>,
 }
 
 /// Run `f` on `c`'s connections and return its value.
@@ -301,13 +289,13 @@ pub(crate) fn wait_note<C: DriveComm + ?Sized>(
 }
 
 /// What `ops` (one communicator's active operations) wait for, for its status record.
-pub(crate) fn long_op(ops: &[&OpRun<'_>], waited: Duration) -> LongOp {
+pub(crate) fn long_op(ops: &[&OpRun<'_>], waited: Duration) -> Running {
     let waiting_for = blocked_on(ops);
-    let (seq, what) = match ops.iter().find(|o| !o.done()).or(ops.first()) {
+    let (seq, op) = match ops.iter().find(|o| !o.done()).or(ops.first()) {
         Some(o) => (o.seq, format!("{} {}", o.fp.coll.wire_name(), size_of(o))),
         None => (0, "flushing".into()),
     };
-    LongOp { seq, what, waited, waiting_for }
+    Running { seq, op, for_ms: waited.as_millis() as u64, waiting_for }
 }
 
 /// `4 MiB`, `512 B`: sizes for messages.

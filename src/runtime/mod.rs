@@ -166,7 +166,7 @@ impl DriveComm for Shared {
                 .with_peer(peer),
         )
     }
-    fn long_op(&self, op: crate::exec::LongOp) {
+    fn long_op(&self, op: crate::watch::status::Running) {
         self.publish_status(Some(op));
     }
     fn near_deadline(&self, seq: u64) {

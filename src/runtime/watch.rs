@@ -68,35 +68,30 @@ impl Shared {
     }
 
     /// This rank's status record now.
-    fn status_record(&self, running: Option<crate::exec::LongOp>) -> RankStatus {
+    fn status_record(&self, running: Option<Running>) -> RankStatus {
         let (last, late) = {
             let book = self.recorder.lock().unwrap();
             let last = book.ops.iter().rev().find(|x| x.end.is_some() && !x.failed).map(|x| (x.seq, x.fp.to_string()));
             (last, book.lateness.report())
         };
-        let late = late.peers.iter().map(|p| (p.peer, p.last, p.observed, p.median_lag.as_micros() as u64)).collect();
+        let late = late.view();
         let time_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64);
+        // (host and pid are the registration's, written once: not in every record)
         RankStatus {
             rank: self.rank,
-            host: self.peers[self.rank].hostname.clone(),
-            pid: self.peers[self.rank].pid as u64,
             time_ms: time_ms.ok(),
             last,
-            running: running.map(|x| Running {
-                seq: x.seq,
-                op: x.what,
-                for_ms: x.waited.as_millis() as u64,
-                waiting_for: x.waiting_for,
-            }),
+            running,
             error: self.sticky_error().map(|e| e.to_string()),
             late,
+            ..Default::default()
         }
     }
 
     /// Publish this rank's status record (in the background: the store may be slow or gone;
     /// skipped while the previous one is still being written). The first one registers the
     /// communicator for `oxccl-perf --status`.
-    pub(crate) fn publish_status(&self, running: Option<crate::exec::LongOp>) {
+    pub(crate) fn publish_status(&self, running: Option<Running>) {
         let w = &self.watch;
         if w.publishing.swap(true, Ordering::AcqRel) {
             return;
@@ -131,27 +126,27 @@ impl Shared {
     /// own now): the communicator's straggler. Falls back to this rank's view if the store
     /// does not answer.
     pub(crate) fn job_straggler(&self) -> Option<crate::watch::Straggler> {
-        let mine = self.status_record(None);
+        let mine = self.recorder.lock().unwrap().lateness.report();
         let wait = Duration::from_millis(500);
-        let read = |r: usize| -> Option<RankStatus> {
+        // a rank's view: (peer, last, observed, median lag µs); none yet: empty
+        let read = |r: usize| -> Option<Vec<(usize, u64, u64, u64)>> {
             let key = format!("{}/status/{r}", self.prefix);
             if !self.store.check(std::slice::from_ref(&key)).ok()? {
-                return Some(RankStatus { rank: r, ..Default::default() });
+                return Some(vec![]);
             }
-            RankStatus::parse(&String::from_utf8_lossy(&self.store.get(&key, wait).ok()?)).ok()
+            Some(RankStatus::parse(&String::from_utf8_lossy(&self.store.get(&key, wait).ok()?)).ok()?.late)
         };
-        let mut ranks = Vec::with_capacity(self.nranks);
+        let mut views = Vec::with_capacity(self.nranks);
         for r in 0..self.nranks {
             match r == self.rank {
-                true => ranks.push(mine.clone()),
+                true => views.push(mine.view()),
                 false => match read(r) {
-                    Some(x) => ranks.push(x),
-                    None => return self.recorder.lock().unwrap().lateness.report().straggler(),
+                    Some(v) => views.push(v),
+                    None => return mine.straggler(),
                 },
             }
         }
-        let c = crate::watch::CommStatus { prefix: self.prefix.clone(), comm: String::new(), ranks };
-        c.straggler()
+        crate::watch::lateness::added_up(self.nranks, views.iter().map(Vec::as_slice)).straggler()
     }
 }
 

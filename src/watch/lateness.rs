@@ -72,6 +72,11 @@ impl std::fmt::Display for Straggler {
 }
 
 impl Lateness {
+    /// Per peer: (peer, last, observed, median lag µs), as status records carry it.
+    pub(crate) fn view(&self) -> Vec<(usize, u64, u64, u64)> {
+        self.peers.iter().map(|p| (p.peer, p.last, p.observed, p.median_lag.as_micros() as u64)).collect()
+    }
+
     /// The peer last in at least half of the operations that timed it (and in at least 3), the
     /// one most often last if several are.
     pub fn straggler(&self) -> Option<Straggler> {
@@ -81,6 +86,33 @@ impl Lateness {
             .max_by_key(|p| (p.last, p.median_lag))
             .map(|p| Straggler { rank: p.peer, last: p.last, observed: p.observed, median_lag: p.median_lag })
     }
+}
+
+impl PeerLateness {
+    /// A peer's lateness from its counts and its lags in µs (reordered, for the median).
+    fn from_lags(peer: usize, observed: u64, last: u64, lags_us: &mut [u64]) -> PeerLateness {
+        lags_us.sort_unstable();
+        let median = lags_us.get(lags_us.len() / 2).copied().unwrap_or(0);
+        PeerLateness { peer, observed, last, median_lag: Duration::from_micros(median) }
+    }
+}
+
+/// Several ranks' views added up, in a communicator of `n` ranks: per peer, the counts summed
+/// and the median of the views' median lags. A view lists (peer, last, observed, median lag
+/// µs), as status records carry it.
+pub fn added_up<'a>(n: usize, views: impl IntoIterator<Item = &'a [(usize, u64, u64, u64)]>) -> Lateness {
+    let (mut last, mut seen, mut lags) = (vec![0u64; n], vec![0u64; n], vec![Vec::new(); n]);
+    for view in views {
+        for &(p, l, o, us) in view.iter().filter(|x| x.0 < n) {
+            last[p] += l;
+            seen[p] += o;
+            if l > 0 {
+                lags[p].push(us);
+            }
+        }
+    }
+    let peers = (0..n).filter(|&p| seen[p] > 0).map(|p| PeerLateness::from_lags(p, seen[p], last[p], &mut lags[p]));
+    Lateness { ops: 0, peers: peers.collect() }
 }
 
 /// The counters of the window in progress, and the last full window.
@@ -145,15 +177,8 @@ impl Tracker {
         let peers = (0..self.observed.len())
             .filter(|&p| self.observed[p] > 0)
             .map(|p| {
-                let mut v = self.lags[p].clone();
-                v.sort_unstable();
-                let median = v.get(v.len() / 2).copied().unwrap_or(0);
-                PeerLateness {
-                    peer: p,
-                    observed: self.observed[p],
-                    last: self.last[p],
-                    median_lag: Duration::from_micros(median as u64),
-                }
+                let mut lags: Vec<u64> = self.lags[p].iter().map(|&us| us as u64).collect();
+                PeerLateness::from_lags(p, self.observed[p], self.last[p], &mut lags)
             })
             .collect();
         Lateness { ops: self.ops, peers }

@@ -279,26 +279,7 @@ impl CommStatus {
 
     /// Every rank's lateness view added up: the straggler of the communicator, if any.
     pub fn straggler(&self) -> Option<super::Straggler> {
-        let n = self.ranks.len();
-        let (mut last, mut seen, mut lag) = (vec![0u64; n], vec![0u64; n], vec![Vec::new(); n]);
-        for r in &self.ranks {
-            for &(p, l, s, us) in r.late.iter().filter(|x| x.0 < n) {
-                last[p] += l;
-                seen[p] += s;
-                if l > 0 {
-                    lag[p].push(us);
-                }
-            }
-        }
-        let peers = (0..n)
-            .filter(|&p| seen[p] > 0)
-            .map(|p| {
-                lag[p].sort_unstable();
-                let us = lag[p].get(lag[p].len() / 2).copied().unwrap_or(0);
-                super::PeerLateness { peer: p, observed: seen[p], last: last[p], median_lag: Duration::from_micros(us) }
-            })
-            .collect();
-        super::Lateness { ops: 0, peers }.straggler()
+        super::lateness::added_up(self.ranks.len(), self.ranks.iter().map(|r| r.late.as_slice())).straggler()
     }
 }
 
