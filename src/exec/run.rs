@@ -40,6 +40,14 @@ pub struct OpRun<'a> {
 /// A count per peer, inline for communicators of up to 16 ranks.
 type PeerCounts = smallvec::SmallVec<[u32; 16]>;
 
+/// `n` zero counts (inline up to 16: set in place, not pushed one by one).
+fn zeros(n: usize) -> PeerCounts {
+    match n <= 16 {
+        true => PeerCounts::from_buf_and_len([0; 16], n),
+        false => smallvec::smallvec![0; n],
+    }
+}
+
 /// Messages of at least this many bytes are sent by reference (single copy) where the
 /// schedule, the transport and the operation's size (count × type size, at least the
 /// connection's [`oxccl_transport::SendConn::borrow_min_op`]) allow.
@@ -73,8 +81,8 @@ impl<'a> OpRun<'a> {
             sched,
             pc: 0,
             mem,
-            tx_idx: smallvec::smallvec![0; nranks],
-            rx_idx: smallvec::smallvec![0; nranks],
+            tx_idx: zeros(nranks),
+            rx_idx: zeros(nranks),
             blocked: None,
             obs: Default::default(),
         }

@@ -46,7 +46,13 @@ impl Book {
 
     /// Operation `seq` ended (`done`: completed).
     pub(crate) fn end(&mut self, seq: u64, fp: Fingerprint, done: bool, end: Instant) {
-        if let Some(x) = self.ops.iter_mut().rev().find(|x| x.seq == seq && x.fp == fp && x.end.is_none()) {
+        let this = |x: &Record| x.seq == seq && x.fp == fp && x.end.is_none();
+        // (almost always the last one recorded: a blocking call)
+        let at = match self.ops.back().is_some_and(this) {
+            true => Some(self.ops.len() - 1),
+            false => self.ops.iter().rposition(this),
+        };
+        if let Some(x) = at.and_then(|i| self.ops.get_mut(i)) {
             x.end = Some(end);
             x.failed = !done;
         }
