@@ -9,9 +9,6 @@ pub(super) fn recursive_doubling(b: &mut Builder, p: &Params) {
     let p2 = 1usize << (usize::BITS - 1 - n.leading_zeros());
     let extra = n - p2;
     let rounds = p2.trailing_zeros();
-    if n == 2 {
-        return exchange(b, p);
-    }
     for k in 0..c.div_ceil(ch) {
         let (o, l) = chunk_of(0, c, k, ch);
         if r >= p2 {
@@ -37,30 +34,5 @@ pub(super) fn recursive_doubling(b: &mut Builder, p: &Params) {
         if let Some(e) = fold {
             b.step(Step { recv: None, src: out(o), dst: None, send: Some(e), count: l, post: false });
         }
-    }
-}
-
-/// Two ranks: one exchange of the whole message, each chunk sent one ahead of the receive that
-/// adds the partner's into the output (send 0, send 1, add 0, send 2, add 1, ...), so that a
-/// chunk is always on its way while the previous one is added: in lockstep (send k, add k) a
-/// connection with latency sits idle between chunks. Two slots per connection suffice.
-fn exchange(b: &mut Builder, p: &Params) {
-    let (partner, chunks) = (1 - p.rank, p.count.div_ceil(p.chunk));
-    let send = |b: &mut Builder, k: usize| {
-        let (o, l) = chunk_of(0, p.count, k, p.chunk);
-        b.step(Step { recv: None, src: inp(o), dst: None, send: Some(partner), count: l, post: false });
-    };
-    let add = |b: &mut Builder, k: usize| {
-        let (o, l) = chunk_of(0, p.count, k, p.chunk);
-        b.step(Step { recv: Some(partner), src: inp(o), dst: out(o), send: None, count: l, post: p.avg });
-    };
-    for k in 0..chunks {
-        send(b, k);
-        if k > 0 {
-            add(b, k - 1);
-        }
-    }
-    if chunks > 0 {
-        add(b, chunks - 1);
     }
 }
