@@ -2,10 +2,10 @@
 //! moving operations wait for, asking after lost peers, and the reports of long waits.
 
 use super::{Blocked, Conns, OpRun};
+use crate::watch::status::Running;
 use crate::Error;
 use oxccl_transport::wait::{wait_any, WaitSource};
 use oxccl_transport::ErrorKind;
-use crate::watch::status::Running;
 use std::time::{Duration, Instant};
 
 /// What the engine ([`super::drive`], the progress thread) needs from each communicator involved.
