@@ -168,7 +168,7 @@ impl<'a> OpRun<'a> {
             let candidate = (split && len >= BORROW_MIN && op_bytes >= c.borrow_min_op())
                 .then(|| self.sched.stable_send(pc))
                 .flatten()
-                .filter(|_| self.sched.peer_copies(pc))
+                .filter(|_| c.borrow_for_combining() || self.sched.peer_copies(pc))
                 .filter(|v| !(premul_input(*v) && step.dst.is_none()));
             if let Some(v) = candidate {
                 match c.borrow_ready(len).map_err(|e| e.with_peer(q))? {

@@ -190,9 +190,10 @@ impl Schedule {
     }
 
     /// Whether the peer receiving step `i`'s message only copies it (its step has no local
-    /// source to combine it with and no avg division): then sending it by reference saves a
-    /// copy; a peer that combines it would first copy it into a slot anyway, with the kernel's
-    /// slower copy. `true` when unknown ([`Schedule::find_peer_facts`] did not run).
+    /// source to combine it with and no avg division): over shared memory, sending it by
+    /// reference saves a copy only then; a peer that combines it would first copy it into a
+    /// slot anyway, with the kernel's slower copy. `true` when unknown
+    /// ([`Schedule::find_peer_facts`] did not run).
     pub fn peer_copies(&self, i: usize) -> bool {
         self.copied.get().is_none_or(|c| c.get(i).copied().unwrap_or(true))
     }

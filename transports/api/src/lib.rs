@@ -217,6 +217,14 @@ pub trait SendConn: Send {
     fn borrow_min_op(&self) -> usize {
         usize::MAX
     }
+    /// Single copy (optional): whether sending by reference still pays when the receiver
+    /// combines the message with its own data rather than only copying it. Shared memory: no
+    /// (the receiver would first copy it into a slot, with the kernel's slower copy, where the
+    /// sender's own copy would do); RDMA: yes (it saves the sender's staging copy whatever the
+    /// receiver does).
+    fn borrow_for_combining(&self) -> bool {
+        true
+    }
     /// Single copy (optional): publish a message whose `header.len` bytes stay in this process
     /// at address `addr`; the transport reads them from there (shared memory: the receiver
     /// copies them with `process_vm_readv`; RDMA: they are written from a registration of that

@@ -298,6 +298,10 @@ impl SendConn for ShmSend {
         Ok(Some(true))
     }
 
+    fn borrow_for_combining(&self) -> bool {
+        false
+    }
+
     fn borrow_min_op(&self) -> usize {
         if self.cfg.cma {
             self.cfg.cma_min_op
