@@ -176,7 +176,17 @@ impl PendingRecv for PendingShm {
             read_remote(pid, probe, &mut b).is_ok() && u64::from_ne_bytes(b) == CMA_PROBE
         };
         seg.u32_at(OFF_CMA).store(if cma_ok { 1 } else { 2 }, Ordering::Release);
-        Ok(Box::new(ShmRecv { peer_pid: pid, seg, cfg, tail: 0, materialized: None, doorbell, peer_doorbell, peer }))
+        Ok(Box::new(ShmRecv {
+            peer_pid: pid,
+            seg,
+            cfg,
+            tail: 0,
+            materialized: None,
+            take_missed: false,
+            doorbell,
+            peer_doorbell,
+            peer,
+        }))
     }
 }
 
@@ -368,6 +378,10 @@ struct ShmRecv {
     /// The message (by number) sent by reference whose payload `peek` already copied into its
     /// slot.
     materialized: Option<u64>,
+    /// `take_into` found no message, and `peek` has not looked since: a message sent by
+    /// reference that `peek` finds now came in between, and is left for the next `take_into`
+    /// to read straight into its destination (rather than through the slot).
+    take_missed: bool,
     doorbell: Arc<Doorbell>,
     peer_doorbell: OwnedFd,
     peer: usize,
@@ -408,6 +422,7 @@ impl ShmRecv {
 
 impl RecvConn for ShmRecv {
     fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
+        let missed = std::mem::take(&mut self.take_missed);
         if !self.has_data() {
             match self.seg.u32_at(OFF_SENDER_CLOSED).load(Ordering::Acquire) {
                 0 => {}
@@ -427,6 +442,9 @@ impl RecvConn for ShmRecv {
         }
         let off = OFF_PAYLOAD + slot * self.cfg.slot_bytes;
         if let Some(addr) = self.borrowed_addr(line, len) {
+            if missed {
+                return Ok(None); // (see `take_missed`)
+            }
             // sent by reference to a step that needs it here: copy it into its slot once
             if self.materialized != Some(self.tail) {
                 let r = read_remote(self.peer_pid, addr, self.seg.bytes_mut(off, len));
@@ -439,6 +457,7 @@ impl RecvConn for ShmRecv {
 
     fn take_into(&mut self, dst: &mut [u8], check: &dyn Fn(&Header) -> Result<()>) -> Result<Option<Header>> {
         if !self.has_data() {
+            self.take_missed = true;
             return Ok(None);
         }
         let slot = (self.tail % self.cfg.slots as u64) as usize;
@@ -561,6 +580,28 @@ mod tests {
             r.consume().unwrap();
             assert!(r.peek().unwrap().is_none(), "no stale message after {i}");
         }
+    }
+
+    #[test]
+    fn a_message_by_reference_that_comes_between_take_and_peek_waits_for_the_next_take() {
+        let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true, ..Default::default() };
+        let (mut s, mut r) = pair(cfg);
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 5) as u8).collect();
+        let ok = |_: &Header| Ok(());
+        let mut dst = vec![0u8; 3000];
+        assert!(r.take_into(&mut dst, &ok).unwrap().is_none(), "nothing yet");
+        assert_eq!(s.borrow_ready(3000).unwrap(), Some(true));
+        s.commit_borrowed(Header { len: 3000, step: 1, ..Default::default() }, data.as_ptr() as usize).unwrap();
+        // the receiver's peek in the same pass leaves it, and arming does not sleep on it
+        assert!(r.peek().unwrap().is_none(), "left for take_into");
+        assert!(r.arm().unwrap().is_none(), "data is there: no sleep");
+        let h = r.take_into(&mut dst, &ok).unwrap().expect("read straight into the destination");
+        assert_eq!((h.step, &dst), (1, &data));
+        r.consume().unwrap();
+        // a peek with no missed take materialises as before
+        s.commit_borrowed(Header { len: 3000, step: 2, ..Default::default() }, data.as_ptr() as usize).unwrap();
+        assert_eq!(r.peek().unwrap().expect("message").1, &data[..]);
+        r.consume().unwrap();
     }
 
     #[test]
