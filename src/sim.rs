@@ -9,7 +9,7 @@
 //!   data path, and compares the outputs bit for bit with [`crate::exact`].
 
 use crate::exact;
-use crate::exec::{apply_step, OpMem};
+use crate::exec::{apply_step, streams_output, OpMem};
 use crate::schedule::{inplace_layout, Buf, Coll, Params, Schedule, Step};
 use crate::types::{DataType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
@@ -317,7 +317,9 @@ pub fn check_numeric(case: &Case, dt: DataType, op: ReduceOp) -> Result<(), Stri
             } else {
                 OpMem::Split { input: &m.a, output: &mut m.b }
             };
-            apply_step(step, dt, op, n, &mut opmem, msg.as_deref(), slot.as_deref_mut()).map_err(|e| e.to_string())?;
+            let stream = streams_output(&scheds[r], &opmem);
+            apply_step(step, (dt, op, n), stream, &mut opmem, msg.as_deref(), slot.as_deref_mut())
+                .map_err(|e| e.to_string())?;
             Ok(slot)
         },
         |m| m.len() / es,

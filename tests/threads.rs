@@ -93,6 +93,26 @@ fn single_copy_by_reference_is_exact_and_used() {
     }
 }
 
+/// An out-of-place all-reduce whose output is at least `STREAM_MIN` bytes and which the schedule
+/// never reads back (2 ranks: recursive doubling) writes it with streaming stores, exactly (when
+/// it does not stream is `exec::step`'s unit test: other tests run alongside this one).
+#[test]
+fn large_outputs_are_streamed_exactly() {
+    use oxccl::exec::{streamed_bytes, STREAM_MIN};
+    let mut cf = cfg();
+    cf.chunk_bytes = 1 << 20;
+    let count = STREAM_MIN / 4 + 1001;
+    let before = streamed_bytes();
+    let comms = Communicator::init_all_with_config(2, cf).unwrap();
+    on_all(comms, |c| {
+        check(c, Coll::AllReduce, DataType::F32, ReduceOp::Sum, count, 0, true);
+        check(c, Coll::AllReduce, DataType::F32, ReduceOp::Sum, count, 0, false);
+        check(c, Coll::AllReduce, DataType::BF16, ReduceOp::Avg, 2 * count + 3, 0, false);
+    });
+    // each rank streams its whole output, for both calls (other tests may stream meanwhile)
+    assert!(streamed_bytes() - before >= 2 * 2 * (4 * count) as u64, "the output was not streamed");
+}
+
 #[test]
 fn typed_api() {
     let comms = Communicator::init_all_with_config(3, cfg()).unwrap();

@@ -19,7 +19,7 @@ pub use engine::drive;
 pub use observe::Observe;
 pub(crate) use engine::{Engine, Finished, Runs};
 pub use run::{single_copy_counts, OpRun};
-pub use step::apply_step;
+pub use step::{apply_step, streamed_bytes, streams_output, STREAM_MIN};
 pub use wait::*;
 
 use oxccl_transport::{RecvConn, SendConn};

@@ -225,7 +225,8 @@ impl<'a> OpRun<'a> {
                 }
                 None => None,
             };
-            apply_step(step, self.fp.dtype, self.fp.op, self.nranks, &mut self.mem, msg, slot)?;
+            let stream = super::streams_output(&self.sched, &self.mem);
+            apply_step(step, (self.fp.dtype, self.fp.op, self.nranks), stream, &mut self.mem, msg, slot)?;
         }
         if let Some(q) = step.send {
             let h = Header {

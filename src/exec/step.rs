@@ -10,13 +10,38 @@ pub(super) fn oob() -> Error {
     Error::internal("schedule step outside the user buffer")
 }
 
-/// Run one step's data movement. `recv` is the received payload, `slot` the send slot.
+/// Output bytes from which an operation whose schedule never reads its output (separate
+/// buffers) writes it with streaming stores: below this the output stays in cache until the
+/// caller reads it, which is worth more than the read for ownership saved (bench/RESULTS.md).
+pub const STREAM_MIN: usize = 32 << 20;
+
+/// Whether an operation on `mem` with schedule `sched` writes its output with streaming stores:
+/// separate buffers, an output of at least [`STREAM_MIN`] bytes, and a schedule that never reads
+/// it (the executor and the simulator ask alike).
+pub fn streams_output(sched: &crate::schedule::Schedule, mem: &OpMem<'_>) -> bool {
+    let out = match mem {
+        OpMem::Split { output, .. } => output.len(),
+        OpMem::OwnedSplit { output, .. } => output.bytes().len(),
+        OpMem::InPlace { .. } | OpMem::OwnedInPlace { .. } => 0,
+    };
+    out >= STREAM_MIN && sched.output_write_only()
+}
+
+static STREAMED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes this process wrote to output buffers with streaming stores.
+pub fn streamed_bytes() -> u64 {
+    STREAMED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Run one step's data movement. `recv` is the received payload, `slot` the send slot; with
+/// `stream` (see [`streams_output`]), a reduction into the output buffer (a received value
+/// combined with the input) is written with streaming stores.
 #[allow(clippy::too_many_arguments)]
 pub fn apply_step(
     step: &Step,
-    dt: DataType,
-    op: ReduceOp,
-    nranks: usize,
+    (dt, op, nranks): (DataType, ReduceOp, usize),
+    stream: bool,
     mem: &mut OpMem<'_>,
     recv: Option<&[u8]>,
     slot: Option<&mut [u8]>,
@@ -29,7 +54,7 @@ pub fn apply_step(
     }
     let byte_range = |s: Slice| (s.buf, s.offset * es, s.offset * es + len);
     if matches!(mem, OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. }) {
-        return apply_step(step, dt, op, nranks, &mut mem.view(), recv, slot);
+        return apply_step(step, (dt, op, nranks), stream, &mut mem.view(), recv, slot);
     }
     // The pre-multiplier (pre-multiplied sum) applies to reads of the input buffer only: those
     // are a rank's own contributions; the output buffer holds partial results.
@@ -58,7 +83,13 @@ pub fn apply_step(
                     match (dst, slot) {
                         (Some((Buf::Output, a, b)), slot) => {
                             let d = output.get_mut(a..b).ok_or_else(oob)?;
-                            combine_to_both(dt, op, d, recv, src, post, slot.map(|s| &mut s[..len]));
+                            let slot = slot.map(|s| &mut s[..len]);
+                            // only reductions: a large plain copy (memcpy's `rep movsb`) already
+                            // skips the read for ownership, and the tile would add a pass
+                            match stream && recv.is_some() && src.is_some() {
+                                true => combine_streaming(dt, op, d, recv, src, post, slot),
+                                false => combine_to_both(dt, op, d, recv, src, post, slot),
+                            }
                         }
                         (Some((Buf::Input, _, _)), _) => {
                             return Err(Error::internal("schedule writes the input buffer"))
@@ -120,6 +151,28 @@ fn combine_to_both(
         slot[off..end].copy_from_slice(dd);
         off = end;
     }
+}
+
+/// [`combine_to_both`], with `d` written by streaming stores (tiles computed in L1, then
+/// stored without reading `d`'s lines first).
+#[allow(clippy::too_many_arguments)]
+fn combine_streaming(
+    dt: DataType,
+    op: ReduceOp,
+    d: &mut [u8],
+    recv: Option<&[u8]>,
+    src: Option<&[u8]>,
+    post: Option<usize>,
+    mut slot: Option<&mut [u8]>,
+) {
+    STREAMED.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    oxccl_kernels::stream_fill(d, dt.size(), &mut |off, t| {
+        let end = off + t.len();
+        combine(dt, op, t, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
+        if let Some(s) = slot.as_deref_mut() {
+            s[off..end].copy_from_slice(t);
+        }
+    });
 }
 
 /// [`combine_inplace`] on `d`, also copied into `slot`, tile by tile.
@@ -186,4 +239,67 @@ fn one_buffer(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{Buf, Slice, Step};
+
+    fn bytes(n: usize, seed: usize) -> Vec<u8> {
+        (0..n).map(|i| ((i * 131 + seed * 17) % 251) as u8 & 0x3f).collect()
+    }
+
+    /// Only an out-of-place output of at least `STREAM_MIN` bytes that the schedule never reads
+    /// is streamed: 2-rank recursive doubling's is; in place, smaller, or 4-rank recursive
+    /// doubling's (whose later rounds add to the output) is not.
+    #[test]
+    fn which_outputs_are_streamed() {
+        use crate::schedule::{build, Algo, Coll, Params};
+        let sched = |nranks, algo| {
+            let p = Params { coll: Coll::AllReduce, nranks, rank: 0, count: STREAM_MIN / 4, root: 0, chunk: 1 << 18, avg: false, algo };
+            build(&p)
+        };
+        let (input, mut out, mut big) = (vec![0u8; STREAM_MIN], vec![0u8; STREAM_MIN], vec![0u8; 2 * STREAM_MIN]);
+        let split = |o: &mut Vec<u8>, n: usize| streams_output(&sched(2, Algo::RecursiveDoubling), &OpMem::Split { input: &input, output: &mut o[..n] });
+        assert!(split(&mut out, STREAM_MIN));
+        assert!(!split(&mut out, STREAM_MIN - 1));
+        let inplace = OpMem::InPlace { buf: &mut big, in_off: 0, out_off: 0 };
+        assert!(!streams_output(&sched(2, Algo::RecursiveDoubling), &inplace));
+        assert!(!streams_output(&sched(4, Algo::RecursiveDoubling), &OpMem::Split { input: &input, output: &mut out }));
+    }
+
+    /// A step that receives, adds its input and sends, run with and without streaming stores:
+    /// the output and the slot are the same bit for bit, for every type and op, at lengths
+    /// around the tile and at an output that starts off the streaming alignment.
+    #[test]
+    fn streaming_the_output_changes_no_bit() {
+        let tile = oxccl_kernels::TILE;
+        for dt in DataType::ALL {
+            for op in crate::exact::ops_for(crate::schedule::Coll::AllReduce, dt) {
+                let es = dt.size();
+                for count in [1, tile / es - 1, tile / es + 3, 3 * tile / es + 5] {
+                    for lead in [0, 1, 3] {
+                        let step = Step {
+                            recv: Some(1),
+                            src: Some(Slice { buf: Buf::Input, offset: 0 }),
+                            dst: Some(Slice { buf: Buf::Output, offset: lead }),
+                            send: Some(1),
+                            count,
+                            post: matches!(op, ReduceOp::Avg),
+                        };
+                        let (input, recv) = (bytes(count * es, 1), bytes(count * es, 2));
+                        let run = |stream| {
+                            let mut out = vec![0u8; (count + lead) * es];
+                            let mut slot = vec![0u8; count * es];
+                            let mut mem = OpMem::Split { input: &input, output: &mut out };
+                            apply_step(&step, (dt, op, 2), stream, &mut mem, Some(&recv), Some(&mut slot)).unwrap();
+                            (out, slot)
+                        };
+                        assert_eq!(run(true), run(false), "{dt:?} {op:?} count {count} lead {lead}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -87,6 +87,8 @@ pub struct Schedule {
     /// Per step that sends: whether the peer's step receiving it only copies it (see
     /// [`Schedule::peer_copies`]), set with `clean`.
     copied: std::sync::OnceLock<Vec<bool>>,
+    /// Whether no step reads the output buffer (see [`Schedule::output_write_only`]).
+    write_only: std::sync::OnceLock<bool>,
 }
 
 /// Inputs of a schedule generator.
@@ -233,6 +235,13 @@ impl Schedule {
         });
     }
 
+    /// Whether no step reads the output buffer, with separate input and output buffers: what
+    /// this rank writes there is read again only after the operation, by the caller, so a large
+    /// output can be written with streaming stores (computed once per cached schedule).
+    pub fn output_write_only(&self) -> bool {
+        *self.write_only.get_or_init(|| self.steps.iter().all(|s| s.src.is_none_or(|v| v.buf != Buf::Output)))
+    }
+
     /// A schedule of these steps.
     pub fn new(steps: Vec<Step>) -> Schedule {
         Schedule {
@@ -241,6 +250,7 @@ impl Schedule {
             stable: Default::default(),
             clean: Default::default(),
             copied: Default::default(),
+            write_only: Default::default(),
         }
     }
 
