@@ -29,8 +29,9 @@ oxperf() { # oxccl-perf args (without sizes and iterations)
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-(cd "$ROOT" && cargo build --release -q -p oxccl-bench)
-PERF="$ROOT/target/release/oxccl-perf"
+# the perf profile (fat LTO, one codegen unit): what a shipped build should use (Cargo.toml)
+(cd "$ROOT" && cargo build --profile perf -q -p oxccl-bench)
+PERF="$ROOT/target/perf/oxccl-perf"
 command -v mpicc.openmpi >/dev/null || apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 command -v mpicc.mpich >/dev/null || apt-get install -y -qq mpich libmpich-dev >/dev/null
 command -v iperf3 >/dev/null || apt-get install -y -qq iperf3 >/dev/null

@@ -152,7 +152,8 @@ def main():
           "`../shared/anchors/`, run interleaved in the same session (every configuration once per round),",
           f"{rounds} rounds; cells are medians; float32 sum allreduce unless named; ratios are oxccl over the",
           "peer (for 8 B latency: the peer's time over oxccl's). Numbers from different runs of the script",
-          "are never mixed. Machine:", "", machine]
+          "are never mixed. oxccl-perf is built with the `perf` profile (fat LTO; Cargo.toml). Machine:", "",
+          machine]
     if data.get("oxccl-ofi-2") and not data.get("oxccl-shm-2"):
         # a network-only run: replace its section, keep the rest of RESULTS.md as it is
         kept["ofi"] = net_section(data, machine, rounds)
