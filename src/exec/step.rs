@@ -86,10 +86,8 @@ pub fn apply_step(
                             let slot = slot.map(|s| &mut s[..len]);
                             // only reductions: a large plain copy (memcpy's `rep movsb`) already
                             // skips the read for ownership, and the tile would add a pass
-                            match stream && recv.is_some() && src.is_some() {
-                                true => combine_streaming(dt, op, d, recv, src, post, slot),
-                                false => combine_to_both(dt, op, d, recv, src, post, slot),
-                            }
+                            let stream = stream && recv.is_some() && src.is_some();
+                            combine_to_both(dt, op, d, recv, src, post, slot, stream);
                         }
                         (Some((Buf::Input, _, _)), _) => {
                             return Err(Error::internal("schedule writes the input buffer"))
@@ -111,7 +109,7 @@ pub fn apply_step(
                 None => match (step.dst.map(abs), slot) {
                     (Some((a, b)), slot) => {
                         let d = buf.get_mut(a..b).ok_or_else(oob)?;
-                        combine_to_both(dt, op, d, recv, None, post, slot.map(|s| &mut s[..len]));
+                        combine_to_both(dt, op, d, recv, None, post, slot.map(|s| &mut s[..len]), false);
                     }
                     (None, Some(s)) => combine(dt, op, &mut s[..len], recv, None, post),
                     (None, None) => {}
@@ -127,7 +125,9 @@ pub fn apply_step(
 /// the tile while it is still in L1 instead of making a second pass over the chunk.
 const TILE: usize = 16 << 10;
 
-/// `d = recv ⊕ pre(src)` (then `/ post`), also copied into `slot`, tile by tile.
+/// `d = recv ⊕ pre(src)` (then `/ post`), also copied into `slot`, tile by tile; with `stream`,
+/// `d` is written by streaming stores (tiles computed in L1, then stored without reading `d`'s
+/// lines first).
 #[allow(clippy::too_many_arguments)]
 fn combine_to_both(
     dt: DataType,
@@ -136,8 +136,20 @@ fn combine_to_both(
     recv: Option<&[u8]>,
     src: Option<&[u8]>,
     post: Option<usize>,
-    slot: Option<&mut [u8]>,
+    mut slot: Option<&mut [u8]>,
+    stream: bool,
 ) {
+    if stream {
+        STREAMED.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        oxccl_kernels::stream_fill(d, dt.size(), &mut |off, t| {
+            let end = off + t.len();
+            combine(dt, op, t, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
+            if let Some(s) = slot.as_deref_mut() {
+                s[off..end].copy_from_slice(t);
+            }
+        });
+        return;
+    }
     let Some(slot) = slot else {
         combine(dt, op, d, recv, src, post);
         return;
@@ -151,28 +163,6 @@ fn combine_to_both(
         slot[off..end].copy_from_slice(dd);
         off = end;
     }
-}
-
-/// [`combine_to_both`], with `d` written by streaming stores (tiles computed in L1, then
-/// stored without reading `d`'s lines first).
-#[allow(clippy::too_many_arguments)]
-fn combine_streaming(
-    dt: DataType,
-    op: ReduceOp,
-    d: &mut [u8],
-    recv: Option<&[u8]>,
-    src: Option<&[u8]>,
-    post: Option<usize>,
-    mut slot: Option<&mut [u8]>,
-) {
-    STREAMED.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    oxccl_kernels::stream_fill(d, dt.size(), &mut |off, t| {
-        let end = off + t.len();
-        combine(dt, op, t, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
-        if let Some(s) = slot.as_deref_mut() {
-            s[off..end].copy_from_slice(t);
-        }
-    });
 }
 
 /// [`combine_inplace`] on `d`, also copied into `slot`, tile by tile.
@@ -227,7 +217,7 @@ fn one_buffer(
                     let (lo, hi) = buf.split_at_mut(sa);
                     (&mut lo[a..b], &hi[..len])
                 };
-                combine_to_both(dt, op, d, recv, Some(s), post, slot);
+                combine_to_both(dt, op, d, recv, Some(s), post, slot, false);
             } else {
                 return Err(Error::internal("partially overlapping step slices"));
             }
