@@ -30,7 +30,8 @@
 //! then calls [`wait::wait_any`].
 //!
 //! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write), [`fork`]
-//! (pthread_atfork), [`thread`] (gettid) and [`deepen_backlog`] (listen), each with a
+//! (pthread_atfork), [`thread`] (gettid), [`deepen_backlog`] (listen) and [`set_rcvlowat`]
+//! (setsockopt), each with a
 //! `// SAFETY:` comment.
 
 #[cfg(any(test, feature = "conformance"))]
@@ -307,6 +308,30 @@ pub fn deepen_backlog(l: &std::net::TcpListener, n: i32) -> std::io::Result<()> 
     use std::os::fd::AsRawFd;
     // SAFETY: listen(2) on a socket this listener owns; no memory is passed.
     let rc = unsafe { libc::listen(l.as_raw_fd(), n) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Make `s` readable (to poll and blocking reads) only once `bytes` have arrived (`SO_RCVLOWAT`;
+/// Linux caps it at half the receive buffer and grows the buffer to fit). A non-blocking read
+/// still returns whatever is there. While less than `bytes` is unread, Linux acknowledges data as
+/// it arrives instead of delaying the ACK until the reader wakes.
+pub fn set_rcvlowat(s: &std::net::TcpStream, bytes: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: setsockopt(2) on a socket `s` owns, reading one c_int that lives across the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {

@@ -268,6 +268,10 @@ impl RecvConn for StripedRecv {
     }
 }
 
+/// A frame with at least this many bytes still to come sets the socket's low mark to them before
+/// the reader sleeps ([`TcpRecv::wake_when`]).
+const LOWAT_MIN: usize = 16 * 1024;
+
 pub(crate) struct TcpRecv {
     s: TcpStream,
     peer: usize,
@@ -281,6 +285,8 @@ pub(crate) struct TcpRecv {
     opened: Option<(Header, usize)>,
     /// The authentication failure that ended an encrypted lane (every later call repeats it).
     failed: Option<Error>,
+    /// The socket's `SO_RCVLOWAT` as last set ([`TcpRecv::wake_when`]).
+    lowat: usize,
 }
 
 impl TcpRecv {
@@ -298,6 +304,7 @@ impl TcpRecv {
             open,
             opened: None,
             failed: None,
+            lowat: 1,
         }
     }
 
@@ -362,6 +369,41 @@ impl TcpRecv {
             return Err(fail(Error::internal("a sealed frame's header disagrees with its length")));
         }
         Ok(Some((h, need)))
+    }
+
+    /// Bytes of the frame at `start` still to arrive, once its length is known (0 if not).
+    pub(crate) fn missing(&self) -> usize {
+        let have = self.end - self.start;
+        let need = if self.open.is_some() {
+            if have < LEN_BYTES {
+                return 0;
+            }
+            let at = self.start;
+            LEN_BYTES + u32::from_le_bytes(self.buf[at..at + LEN_BYTES].try_into().unwrap()) as usize + TAG_BYTES
+        } else {
+            if have < HEADER_BYTES {
+                return 0;
+            }
+            match Header::decode(&self.buf[self.start..self.end], self.max) {
+                Ok(h) => HEADER_BYTES + h.len as usize,
+                Err(_) => return 0,
+            }
+        };
+        need.saturating_sub(have)
+    }
+
+    /// Before sleeping: be woken when the rest of a large frame is in, not at its first segment
+    /// ([`oxccl_transport::set_rcvlowat`]). Besides saving wake-ups, this keeps Linux ACKing the
+    /// frame as it arrives: while less than the low mark is unread it ACKs at once
+    /// (`__tcp_ack_snd_check`); otherwise, on a connection past its first exchanges, it holds
+    /// ACKs that would shrink the window until the reader wakes and reads, the sender stalls on
+    /// them, and 256 KiB–1 MiB all-reduces ran at under half speed in steady state
+    /// (bench/ANALYSIS.md). Small remainders keep a low mark of 1.
+    fn wake_when(&mut self, missing: usize) {
+        let mark = if missing >= LOWAT_MIN { missing } else { 1 };
+        if mark != self.lowat && oxccl_transport::set_rcvlowat(&self.s, mark).is_ok() {
+            self.lowat = mark;
+        }
     }
 
     fn fill(&mut self) -> Result<()> {
@@ -429,6 +471,7 @@ impl RecvConn for TcpRecv {
         if self.eof || self.complete()?.is_some() {
             return Ok(None);
         }
+        self.wake_when(self.missing());
         Ok(Some(WaitSource::read(self.s.as_raw_fd())))
     }
 

@@ -1,7 +1,7 @@
 //! Tests of the socket transport: connection setup, frames, failures, and a fuzz of the decoders.
 
 use super::*;
-use oxccl_transport::Header;
+use oxccl_transport::{Header, HEADER_BYTES};
 
 fn ctx(secret: u8) -> TransportCtx {
     TransportCtx { rank: 0, nranks: 2, comm_id: 5, secret: [secret; 32], peers: vec![] }
@@ -120,4 +120,43 @@ mod fuzz {
             let _ = a.connect_send(1, &blob, dl);
         }
     }
+}
+
+/// A reader waiting on a large frame sleeps until all of it is in (`SO_RCVLOWAT` set to what is
+/// missing), which also keeps Linux ACKing it as it arrives; a small frame after it still wakes it
+/// at once (the mark is back at 1), and the bytes are exact.
+#[test]
+fn a_reader_sleeps_until_a_large_frame_is_whole() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let s = l.accept().unwrap().0;
+    s.set_nonblocking(true).unwrap();
+    const LEN: usize = 48 << 10; // within the fresh connection's receive window
+    let mut r = TcpRecv::new(s, 256 << 10, 1, None);
+    let body: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
+    let mut frame = Header { len: LEN as u32, step: 4, ..Default::default() }.encode().to_vec();
+    frame.extend_from_slice(&body);
+    let readable = |r: &mut TcpRecv| match r.arm().unwrap() {
+        None => true,
+        Some(src) => wait_any(&[src], Duration::from_millis(200)).unwrap(),
+    };
+
+    w.write_all(&frame[..HEADER_BYTES + 1000]).unwrap();
+    assert!(readable(&mut r), "the frame's first bytes wake a reader that knows no length yet");
+    assert!(r.peek().unwrap().is_none());
+    w.write_all(&frame[HEADER_BYTES + 1000..HEADER_BYTES + 20_000]).unwrap();
+    assert!(!readable(&mut r), "woken with {} bytes still missing", r.missing());
+    w.write_all(&frame[HEADER_BYTES + 20_000..]).unwrap();
+    assert!(readable(&mut r), "not woken when the frame was whole");
+    let (h, p) = r.peek().unwrap().expect("the whole frame");
+    assert_eq!((h.step, p), (4, &body[..]));
+    r.consume().unwrap();
+
+    assert!(!readable(&mut r), "woken with nothing sent");
+    let small = Header { len: 3, step: 5, ..Default::default() }.encode();
+    w.write_all(&small).unwrap();
+    w.write_all(&[1, 2, 3]).unwrap();
+    assert!(readable(&mut r), "a small frame did not wake the reader");
+    let (h, p) = r.peek().unwrap().expect("the small frame");
+    assert_eq!((h.step, p), (5, &[1u8, 2, 3][..]));
 }
