@@ -19,6 +19,8 @@ pub struct Opts {
     pub hosts: usize,
     pub netns: Vec<String>,
     pub pidns: bool,
+    /// `--bind`: whether the local launcher binds each rank to a core of its own.
+    pub bind: Bind,
     pub list: Vec<usize>,
     pub bound: bool,
     pub algo: Option<String>,
@@ -35,6 +37,19 @@ pub struct Opts {
     pub id_file: Option<String>,
     /// `--delay RANK:MS`: that rank sleeps this long before each timed operation.
     pub delay: Option<(usize, std::time::Duration)>,
+}
+
+/// How the local launcher places ranks on cores (`--bind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bind {
+    /// Each rank to a core of its own when there are enough, else free: what `mpirun` does by
+    /// default for 2 ranks (Open MPI binds to cores up to 2 ranks, to sockets beyond).
+    Auto,
+    /// Each rank to one core, round robin over the cores this process may use.
+    Core,
+    /// Leave placement to the kernel (the default: on these 2-core machines binding made TCP
+    /// 64 KiB faster but 1–64 MiB and shared-memory 8 B slower, bench/ANALYSIS.md).
+    None,
 }
 
 /// What the command line asks for.
@@ -108,6 +123,8 @@ ranks (local launch):
   --pidns                with --netns, one rank per namespace, each in its own pid namespace too
                          (no rank can see another's process, as on separate machines)
   --id-file FILE         write the job's unique id there (for oxccl-perf --status @FILE)
+  --bind none|core|auto  bind each rank to a core of its own: core always (round robin), auto
+                         when there are as many cores as ranks (as mpirun does)  default none
 watching:
   --trace FILE           write a Chrome trace (JSON) of every rank's operations and steps
   --delay RANK:MS        that rank sleeps MS before each timed operation (a straggler on purpose)
@@ -163,6 +180,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         hosts: 1,
         netns: vec![],
         pidns: false,
+        bind: Bind::None,
         list: vec![],
         bound: false,
         algo: None,
@@ -246,6 +264,14 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--hosts" => o.hosts = val()?.parse().map_err(|_| "bad --hosts")?,
             "--netns" => o.netns = val()?.split(',').map(String::from).filter(|s| !s.is_empty()).collect(),
             "--pidns" => o.pidns = true,
+            "--bind" => {
+                o.bind = match val()?.as_str() {
+                    "auto" => Bind::Auto,
+                    "core" => Bind::Core,
+                    "none" => Bind::None,
+                    b => return Err(format!("bad --bind {b}: auto, core or none")),
+                }
+            }
             "--trace" => o.trace = Some(val()?),
             "--id-file" => o.id_file = Some(val()?),
             "--delay" => {

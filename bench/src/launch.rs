@@ -1,5 +1,6 @@
 //! `oxccl-perf --np N`: start N local ranks (or ranks in network namespaces) and wait for them.
 
+use crate::args::Bind;
 use oxccl::UniqueId;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -74,6 +75,7 @@ pub fn launch(
     hosts: usize,
     (netns, pidns): (&[String], bool),
     id_file: Option<&str>,
+    bind: Bind,
     args: &[String],
 ) -> ExitCode {
     if pidns && netns.len() != np {
@@ -119,6 +121,12 @@ pub fn launch(
         }
         v
     };
+    let cpus = allowed_cpus();
+    let core_of = |r: usize| match bind {
+        Bind::Core if !cpus.is_empty() => Some(cpus[r % cpus.len()]),
+        Bind::Auto if np <= cpus.len() => Some(cpus[r]),
+        _ => None,
+    };
     let mut children = vec![];
     let stderr = Arc::new(Stderr::default());
     let mut readers = vec![];
@@ -140,7 +148,11 @@ pub fn launch(
             .env("OXCCL_PERF_ID", id.to_hex())
             .env("OXCCL_PERF_RANK", r.to_string())
             .env("OXCCL_PERF_NRANKS", np.to_string())
+            .env_remove(CPU_VAR)
             .env(crate::watch::EPOCH_VAR, epoch.to_string());
+        if let Some(c) = core_of(r) {
+            cmd.env(CPU_VAR, c.to_string());
+        }
         if hosts > 1 && netns.is_empty() {
             cmd.env("OXCCL_HOSTID", format!("perf-host-{}", r * hosts / np));
         }
@@ -203,4 +215,34 @@ pub fn launch(
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The core the launcher bound this rank to (`--bind`), which the rank applies to itself first.
+const CPU_VAR: &str = "OXCCL_PERF_CPU";
+
+/// The cores this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    let Ok(set) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return vec![] };
+    (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect()
+}
+
+/// The core the launcher chose for this rank, if it chose one.
+pub fn bound_core() -> Option<usize> {
+    std::env::var(CPU_VAR).ok()?.parse().ok()
+}
+
+/// In a rank the launcher started: bind this process (before it starts any thread) to the core
+/// the launcher chose, if it chose one.
+pub fn bind_self() -> Result<(), String> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let Some(c) = bound_core() else {
+        return match std::env::var(CPU_VAR) {
+            Ok(v) => Err(format!("bad {CPU_VAR}={v}")),
+            Err(_) => Ok(()),
+        };
+    };
+    let mut set = CpuSet::new();
+    set.set(c).map_err(|e| format!("core {c}: {e}"))?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| format!("binding to core {c}: {e}"))
 }

@@ -350,6 +350,9 @@ fn print_preamble(c: &Communicator, o: &Opts) {
     for p in c.peers() {
         println!("#  Rank {:2} Pid {:6} on {:>10} host {:016x} cpu", p.rank, p.pid, p.hostname, p.host_id);
     }
+    if launch::bound_core().is_some() {
+        println!("#  Ranks bound to cores (--bind); rank 0 runs on cores {:?}", launch::allowed_cpus());
+    }
     println!("#");
 }
 
@@ -557,6 +560,10 @@ fn main() -> ExitCode {
         }
     };
     let under_launcher = std::env::var("OXCCL_PERF_ID").is_ok();
+    if let Err(e) = launch::bind_self() {
+        eprintln!("oxccl-perf: {e}");
+        return ExitCode::FAILURE;
+    }
     let env_launch = oxccl::bootstrap::env_rank_size().is_ok();
     if let Some(t) = o.timeout {
         std::env::set_var("OXCCL_TIMEOUT", t.to_string());
@@ -573,7 +580,7 @@ fn main() -> ExitCode {
         }
         warn();
         let np = o.np.unwrap_or(2);
-        let code = launch(np, o.hosts, (&o.netns, o.pidns), o.id_file.as_deref(), &args);
+        let code = launch(np, o.hosts, (&o.netns, o.pidns), o.id_file.as_deref(), o.bind, &args);
         if let Some(file) = &o.trace {
             if let Err(e) = watch::merge(file, np) {
                 eprintln!("oxccl-perf: writing the trace {file}: {e}");

@@ -135,3 +135,26 @@ fn the_row_being_measured_shows_on_a_terminal_only() {
     assert!(out.contains("\r# measuring allreduce float sum 8 B ...\x1b[K"), "{out:?}");
     assert!(out.contains("\r\x1b[K"), "the indicator is erased: {out:?}");
 }
+
+#[test]
+fn ranks_are_bound_to_cores_only_on_request() {
+    let first = {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let l = s.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap();
+        let list = l.split(':').nth(1).unwrap().trim().to_string();
+        list.split([',', '-']).next().unwrap().to_string()
+    };
+    let o = perf(&["--np", "2", "--bind", "core", "-s", "8", "-n", "2", "-w", "0"]);
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let want = format!("rank 0 runs on cores [{first}]");
+    assert!(out.contains(&want), "want {want:?}:\n{out}");
+    for free in [&["--bind", "none"][..], &[]] {
+        let o = perf(&[&["--np", "2", "-s", "8", "-n", "2", "-w", "0"], free].concat());
+        assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("bound to cores"));
+    }
+    let o = perf(&["--bind", "sometimes"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("bad --bind sometimes: auto, core or none"), "{}", err(&o));
+}
