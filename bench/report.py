@@ -171,19 +171,24 @@ def main():
         md += ["### Other collectives, 2 ranks (busbw GB/s, out of place; goal: within 10% of allreduce and ≥ 2× Open MPI)", "",
                "Open MPI's numbers come from `bench/peers/mpi_colls_bench.c` and Gloo's from",
                "`bench/peers/gloo_colls_bench.py` (the anchors measure all-reduce only), with nccl-tests' size and",
-               "busbw conventions; – where Gloo lacks the collective.", ""]
+               "busbw conventions; – where Gloo lacks the collective.",
+               "Broadcast is compared in place: `MPI_Bcast` and Gloo's broadcast have one buffer, while",
+               "oxccl's out-of-place broadcast (shown beside it) also copies the root's input to its output,",
+               "a step neither peer takes.", ""]
         head, rule = "| size | allreduce", "|---|---"
-        for name in ("allgather", "reducescatter", "broadcast"):
-            head += f" | {name} | Open MPI | ratio | Gloo | ratio | / allreduce"
-            rule += "|---|---|---|---|---|---"
+        for name in ("allgather", "reducescatter", "broadcast (in place)"):
+            extra_col = " | out of place" if name.startswith("broadcast") else ""
+            head += f" | {name}{extra_col} | Open MPI | ratio | Gloo | ratio | / allreduce"
+            rule += "|---|---|---|---|---|---" + ("|---" if extra_col else "")
         md += [head + " |", rule + "|"]
         for s in SIZES[1:]:
             ar = med(data, "oxccl-shm-2", s, 1)
             cells = [fmt(ar)]
             for c in ("ag", "rs", "bc"):
-                ours = med(data, f"oxccl-{c}-shm-2", s, 1)
+                ours = med(data, f"oxccl-{c}-shm-2" + ("-inplace" if c == "bc" else ""), s, 1)
                 mpi, gloo = med(data, f"ompi-{c}-shm-2", s, 1), med(data, f"gloo-{c}-lo-2", s, 1)
-                cells += [fmt(ours), fmt(mpi), ratio(ours, mpi), fmt(gloo), ratio(ours, gloo), ratio(ours, ar)]
+                cells += [fmt(ours)] + ([fmt(med(data, "oxccl-bc-shm-2", s, 1))] if c == "bc" else [])
+                cells += [fmt(mpi), ratio(ours, mpi), fmt(gloo), ratio(ours, gloo), ratio(ours, ar)]
             md.append(f"| {human(s)} | " + " | ".join(cells) + " |")
         md.append("")
     for n in (4, 8):
