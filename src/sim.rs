@@ -318,7 +318,7 @@ pub fn check_numeric(case: &Case, dt: DataType, op: ReduceOp) -> Result<(), Stri
                 OpMem::Split { input: &m.a, output: &mut m.b }
             };
             let stream = streams_output(&scheds[r], &opmem);
-            apply_step(step, (dt, op, n), stream, &mut opmem, msg.as_deref(), slot.as_deref_mut())
+            apply_step(step, dt, op, n, stream, &mut opmem, msg.as_deref(), slot.as_deref_mut())
                 .map_err(|e| e.to_string())?;
             Ok(slot)
         },

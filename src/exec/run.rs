@@ -27,6 +27,9 @@ pub struct OpRun<'a> {
     pub pc: usize,
     /// Buffers.
     pub mem: OpMem<'a>,
+    /// Whether its reductions into the output use streaming stores ([`super::streams_output`]),
+    /// decided once from the schedule and the buffers.
+    stream: bool,
     /// Per peer: messages of this op sent to it, and received from it (inline up to 16 ranks:
     /// nothing allocated per call).
     tx_idx: PeerCounts,
@@ -71,6 +74,7 @@ impl<'a> OpRun<'a> {
         sched: std::sync::Arc<Schedule>,
         mem: OpMem<'a>,
     ) -> Self {
+        let stream = super::streams_output(&sched, &mem);
         OpRun {
             comm,
             rank,
@@ -81,6 +85,7 @@ impl<'a> OpRun<'a> {
             sched,
             pc: 0,
             mem,
+            stream,
             tx_idx: zeros(nranks),
             rx_idx: zeros(nranks),
             blocked: None,
@@ -106,6 +111,7 @@ impl<'a> OpRun<'a> {
             sched: self.sched,
             pc: self.pc,
             mem,
+            stream: self.stream,
             tx_idx: self.tx_idx,
             rx_idx: self.rx_idx,
             blocked: self.blocked,
@@ -225,8 +231,8 @@ impl<'a> OpRun<'a> {
                 }
                 None => None,
             };
-            let stream = super::streams_output(&self.sched, &self.mem);
-            apply_step(step, (self.fp.dtype, self.fp.op, self.nranks), stream, &mut self.mem, msg, slot)?;
+            let (dt, op, n) = (self.fp.dtype, self.fp.op, self.nranks);
+            apply_step(step, dt, op, n, self.stream, &mut self.mem, msg, slot)?;
         }
         if let Some(q) = step.send {
             let h = Header {

@@ -15,9 +15,11 @@ pub(super) fn oob() -> Error {
 /// caller reads it, which is worth more than the read for ownership saved (bench/RESULTS.md).
 pub const STREAM_MIN: usize = 32 << 20;
 
-/// Whether an operation on `mem` with schedule `sched` writes its output with streaming stores:
-/// separate buffers, an output of at least [`STREAM_MIN`] bytes, and a schedule that never reads
-/// it (the executor and the simulator ask alike).
+/// Whether an operation on `mem` with schedule `sched` may write its output with streaming
+/// stores: separate buffers, an output of at least [`STREAM_MIN`] bytes, and a schedule that
+/// never reads it (the executor asks once per operation, the simulator alike). Of its steps,
+/// [`apply_step`] streams only the reductions (a received value combined with the input): a
+/// large plain copy (memcpy's `rep movsb`) already skips the read for ownership.
 pub fn streams_output(sched: &crate::schedule::Schedule, mem: &OpMem<'_>) -> bool {
     let out = match mem {
         OpMem::Split { output, .. } => output.len(),
@@ -34,13 +36,15 @@ pub fn streamed_bytes() -> u64 {
     STREAMED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Run one step's data movement. `recv` is the received payload, `slot` the send slot; with
-/// `stream` (see [`streams_output`]), a reduction into the output buffer (a received value
-/// combined with the input) is written with streaming stores.
+/// Run one step's data movement, on elements of type `dt` reduced with `op` in a communicator
+/// of `nranks`. `recv` is the received payload, `slot` the send slot; with `stream` (see
+/// [`streams_output`]), a reduction into the output buffer is written with streaming stores.
 #[allow(clippy::too_many_arguments)]
 pub fn apply_step(
     step: &Step,
-    (dt, op, nranks): (DataType, ReduceOp, usize),
+    dt: DataType,
+    op: ReduceOp,
+    nranks: usize,
     stream: bool,
     mem: &mut OpMem<'_>,
     recv: Option<&[u8]>,
@@ -54,7 +58,7 @@ pub fn apply_step(
     }
     let byte_range = |s: Slice| (s.buf, s.offset * es, s.offset * es + len);
     if matches!(mem, OpMem::OwnedSplit { .. } | OpMem::OwnedInPlace { .. }) {
-        return apply_step(step, (dt, op, nranks), stream, &mut mem.view(), recv, slot);
+        return apply_step(step, dt, op, nranks, stream, &mut mem.view(), recv, slot);
     }
     // The pre-multiplier (pre-multiplied sum) applies to reads of the input buffer only: those
     // are a rank's own contributions; the output buffer holds partial results.
@@ -84,8 +88,7 @@ pub fn apply_step(
                         (Some((Buf::Output, a, b)), slot) => {
                             let d = output.get_mut(a..b).ok_or_else(oob)?;
                             let slot = slot.map(|s| &mut s[..len]);
-                            // only reductions: a large plain copy (memcpy's `rep movsb`) already
-                            // skips the read for ownership, and the tile would add a pass
+                            // only reductions stream (see `streams_output`)
                             let stream = stream && recv.is_some() && src.is_some();
                             combine_to_both(dt, op, d, recv, src, post, slot, stream);
                         }
@@ -283,7 +286,7 @@ mod tests {
                             let mut out = vec![0u8; (count + lead) * es];
                             let mut slot = vec![0u8; count * es];
                             let mut mem = OpMem::Split { input: &input, output: &mut out };
-                            apply_step(&step, (dt, op, 2), stream, &mut mem, Some(&recv), Some(&mut slot)).unwrap();
+                            apply_step(&step, dt, op, 2, stream, &mut mem, Some(&recv), Some(&mut slot)).unwrap();
                             (out, slot)
                         };
                         assert_eq!(run(true), run(false), "{dt:?} {op:?} count {count} lead {lead}");
