@@ -582,11 +582,18 @@ mod tests {
         }
     }
 
+    /// Small slots with single copy allowed, for the tests of messages sent by reference.
+    const CMA_CFG: ShmConfig = ShmConfig { slots: 2, slot_bytes: 4096, cma: true, cma_min_op: 32 << 20 };
+
+    /// A connection that may send by reference, and 3000 bytes to send (`i * k` as bytes).
+    fn cma_pair(k: u32) -> (Box<dyn SendConn>, Box<dyn RecvConn>, Vec<u8>) {
+        let (s, r) = pair(CMA_CFG);
+        (s, r, (0..3000u32).map(|i| (i * k) as u8).collect())
+    }
+
     #[test]
     fn a_message_by_reference_that_comes_between_take_and_peek_waits_for_the_next_take() {
-        let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true, ..Default::default() };
-        let (mut s, mut r) = pair(cfg);
-        let data: Vec<u8> = (0..3000u32).map(|i| (i * 5) as u8).collect();
+        let (mut s, mut r, data) = cma_pair(5);
         let ok = |_: &Header| Ok(());
         let mut dst = vec![0u8; 3000];
         assert!(r.take_into(&mut dst, &ok).unwrap().is_none(), "nothing yet");
@@ -606,9 +613,7 @@ mod tests {
 
     #[test]
     fn messages_by_reference_are_copied_once_or_materialised() {
-        let cfg = ShmConfig { slots: 2, slot_bytes: 4096, cma: true, ..Default::default() };
-        let (mut s, mut r) = pair(cfg);
-        let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        let (mut s, mut r, data) = cma_pair(7);
         let ok = |_: &Header| Ok(());
         for round in 0..4u32 {
             assert_eq!(s.borrow_ready(3000).unwrap(), Some(true), "CMA works within one process");
@@ -637,8 +642,8 @@ mod tests {
         s.commit_borrowed(Header { len: 3000, step: 5, ..Default::default() }, data.as_ptr() as usize).unwrap();
         let refuse = |_: &Header| Err(Error::invalid_usage("mismatch"));
         assert!(r.take_into(&mut [0u8; 3000], &refuse).is_err());
-        let a = ShmTransport::new(ctx(0), cfg).unwrap();
-        let off = ShmTransport::new(ctx(1), ShmConfig { cma: false, ..cfg }).unwrap();
+        let a = ShmTransport::new(ctx(0), CMA_CFG).unwrap();
+        let off = ShmTransport::new(ctx(1), ShmConfig { cma: false, ..CMA_CFG }).unwrap();
         let (pending, blob) = off.setup_recv(0).unwrap();
         let dl = Instant::now() + Duration::from_secs(5);
         let mut s2 = a.connect_send(1, &blob, dl).unwrap();
