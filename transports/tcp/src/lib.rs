@@ -20,7 +20,10 @@
 //!
 //! Data moves as frames (a [`Header`](oxccl_transport::Header) then the payload). The send side copies into one of its
 //! slots and flushes with non-blocking writes; the receive side reads ahead into a buffer and
-//! hands out complete frames in place. This crate has no `unsafe`.
+//! hands out complete frames in place. Before it sleeps on a large frame, the receive side sets
+//! the socket's low mark (`SO_RCVLOWAT`) to the rest of the frame: one wake-up per frame, and
+//! Linux ACKs the frame as it arrives rather than when the reader wakes. This crate has no
+//! `unsafe` (the one socket option std and nix lack is set by the contract crate).
 
 #![forbid(unsafe_code)]
 
