@@ -191,34 +191,7 @@ impl<'a> Group<'a> {
                 *ctr += 1;
                 let seq = *ctr - 1;
                 let key = (d.coll, d.count, d.root, chunk, avg, algo);
-                let sched = match st.last_sched.as_ref().filter(|(k, _)| *k == key) {
-                    Some((_, s)) => s.clone(),
-                    None => match st.sched_cache.get(&key) {
-                        Some(s) => s.clone(),
-                        None => {
-                            let params = Params {
-                                coll: d.coll,
-                                nranks: sh.nranks,
-                                rank: sh.rank,
-                                count: d.count,
-                                root: d.root,
-                                chunk,
-                                avg,
-                                algo,
-                            };
-                            let s = Arc::new(build_on(&params, &sh.host_of));
-                            // (clean peers for the straggler window, and where sending by
-                            // reference pays)
-                            s.find_peer_facts(&params, &|q| build_on(q, &sh.host_of));
-                            if st.sched_cache.len() >= 256 {
-                                st.sched_cache.clear();
-                            }
-                            st.sched_cache.insert(key, s.clone());
-                            s
-                        }
-                    },
-                };
-                st.last_sched = Some((key, sched.clone()));
+                let sched = cached_schedule(sh, &mut st, key);
                 (seq, sched)
             };
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
@@ -269,4 +242,33 @@ impl<'a> Group<'a> {
         }
         Ok(())
     }
+}
+
+/// The schedule of `key` on this rank: the last call's (the common case: the same call again),
+/// else the communicator's cache, else built and cached.
+fn cached_schedule(
+    sh: &Shared,
+    st: &mut crate::runtime::State,
+    key: crate::runtime::SchedKey,
+) -> Arc<crate::schedule::Schedule> {
+    let s = match st.last_sched.as_ref().filter(|(k, _)| *k == key) {
+        Some((_, s)) => s.clone(),
+        None => match st.sched_cache.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let (coll, count, root, chunk, avg, algo) = key;
+                let params = Params { coll, nranks: sh.nranks, rank: sh.rank, count, root, chunk, avg, algo };
+                let s = Arc::new(build_on(&params, &sh.host_of));
+                // (clean peers for the straggler window, and where sending by reference pays)
+                s.find_peer_facts(&params, &|q| build_on(q, &sh.host_of));
+                if st.sched_cache.len() >= 256 {
+                    st.sched_cache.clear();
+                }
+                st.sched_cache.insert(key, s.clone());
+                s
+            }
+        },
+    };
+    st.last_sched = Some((key, s.clone()));
+    s
 }
