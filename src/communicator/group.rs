@@ -163,8 +163,12 @@ impl<'a> Group<'a> {
     /// an op is moved as little as can be on the fast path; the caller holds the busy guards
     /// of `comms`).
     pub(crate) fn prepare(self, comms: &[&'a Communicator], now: Instant, runs: &mut Runs<'a>) -> Result<()> {
-        for c in comms {
-            check_state(&c.sh, &c.sh.state.lock().unwrap())?;
+        // a group over several communicators checks them all before any takes a sequence number;
+        // a single one is checked under the lock that takes it
+        if comms.len() > 1 {
+            for c in comms {
+                check_state(&c.sh, &c.sh.state.lock().unwrap())?;
+            }
         }
         // pass 1: sequence numbers and schedules, in the order the ops were added (which is the
         // order they use each connection)
@@ -176,6 +180,9 @@ impl<'a> Group<'a> {
             algos.push(algo.map_err(|e| e.with_op(d.coll.name()))?);
         }
         runs.reserve(self.ops.len());
+        // whether every connection the ops need exists (the steady state), noted under the same
+        // lock as each op's sequence number
+        let mut connected = true;
         for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
             let sh = &*c.sh;
@@ -183,6 +190,9 @@ impl<'a> Group<'a> {
             let avg = d.op == ReduceOp::Avg && d.coll.reduces();
             let (seq, sched) = {
                 let mut st = sh.state.lock().unwrap();
+                if comms.len() == 1 {
+                    check_state(sh, &st)?;
+                }
                 let ctr = match d.coll {
                     Coll::Send => &mut st.p2p_tx[d.root],
                     Coll::Recv => &mut st.p2p_rx[d.root],
@@ -192,6 +202,10 @@ impl<'a> Group<'a> {
                 let seq = *ctr - 1;
                 let key = (d.coll, d.count, d.root, chunk, avg, algo);
                 let sched = cached_schedule(sh, &mut st, key);
+                let (rx, tx) = sched.peers();
+                connected = connected
+                    && rx.iter().all(|&p| st.conns.recv[p].is_some())
+                    && tx.iter().all(|&q| st.conns.send[q].is_some());
                 (seq, sched)
             };
             let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
@@ -205,11 +219,6 @@ impl<'a> Group<'a> {
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
         // and nothing allocated, when every connection exists: the steady state)
-        let connected = runs.iter().all(|r| {
-            let st = comms[r.comm].sh.state.lock().unwrap();
-            let (rx, tx) = r.sched.peers();
-            rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some())
-        });
         if connected {
             return Ok(());
         }
@@ -251,23 +260,23 @@ fn cached_schedule(
     st: &mut crate::runtime::State,
     key: crate::runtime::SchedKey,
 ) -> Arc<crate::schedule::Schedule> {
-    let s = match st.last_sched.as_ref().filter(|(k, _)| *k == key) {
-        Some((_, s)) => s.clone(),
-        None => match st.sched_cache.get(&key) {
-            Some(s) => s.clone(),
-            None => {
-                let (coll, count, root, chunk, avg, algo) = key;
-                let params = Params { coll, nranks: sh.nranks, rank: sh.rank, count, root, chunk, avg, algo };
-                let s = Arc::new(build_on(&params, &sh.host_of));
-                // (clean peers for the straggler window, and where sending by reference pays)
-                s.find_peer_facts(&params, &|q| build_on(q, &sh.host_of));
-                if st.sched_cache.len() >= 256 {
-                    st.sched_cache.clear();
-                }
-                st.sched_cache.insert(key, s.clone());
-                s
+    if let Some((_, s)) = st.last_sched.as_ref().filter(|(k, _)| *k == key) {
+        return s.clone();
+    }
+    let s = match st.sched_cache.get(&key) {
+        Some(s) => s.clone(),
+        None => {
+            let (coll, count, root, chunk, avg, algo) = key;
+            let params = Params { coll, nranks: sh.nranks, rank: sh.rank, count, root, chunk, avg, algo };
+            let s = Arc::new(build_on(&params, &sh.host_of));
+            // (clean peers for the straggler window, and where sending by reference pays)
+            s.find_peer_facts(&params, &|q| build_on(q, &sh.host_of));
+            if st.sched_cache.len() >= 256 {
+                st.sched_cache.clear();
             }
-        },
+            st.sched_cache.insert(key, s.clone());
+            s
+        }
     };
     st.last_sched = Some((key, s.clone()));
     s
