@@ -144,7 +144,7 @@ fn combine_to_both(
 ) {
     if stream {
         STREAMED.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        oxccl_kernels::stream_fill(d, dt.size(), &mut |off, t| {
+        oxccl_simd::stream_fill(d, dt.size(), &mut |off, t| {
             let end = off + t.len();
             combine(dt, op, t, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
             if let Some(s) = slot.as_deref_mut() {
@@ -267,7 +267,7 @@ mod tests {
     /// around the tile and at an output that starts off the streaming alignment.
     #[test]
     fn streaming_the_output_changes_no_bit() {
-        let tile = oxccl_kernels::TILE;
+        let tile = oxccl_simd::TILE;
         for dt in DataType::ALL {
             for op in crate::exact::ops_for(crate::schedule::Coll::AllReduce, dt) {
                 let es = dt.size();

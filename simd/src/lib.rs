@@ -1,4 +1,4 @@
-//! # oxccl-kernels: host-memory kernels that need CPU intrinsics
+//! # oxccl-simd: host-memory kernels that need CPU intrinsics
 //!
 //! The core crate forbids `unsafe`; what needs it to reach memory's speed lives here.
 //!
