@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# callcount.sh - instructions per 8 B all-reduce call, counted by callgrind: stable where times
+# are not. One rank (the call's own software, no peer to wait for), the `perf` profile that
+# compare.sh measures. Runs N and 2N calls (in and out of place each) and divides the
+# difference, so start-up and the first calls cancel out.
+# Usage: bench/callcount.sh [BIN=target/perf/oxccl-perf] [N=2000]      (needs valgrind)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BIN="${1:-}"
+N="${2:-2000}"
+if [ -z "$BIN" ]; then
+  (cd "$ROOT" && cargo build --profile perf -q -p oxccl-bench)
+  BIN="$ROOT/target/perf/oxccl-perf"
+fi
+command -v valgrind >/dev/null || { echo "callcount.sh: valgrind is not installed" >&2; exit 1; }
+D="$(mktemp -d)"
+trap 'rm -rf "$D"' EXIT
+total() { # calls -> instructions of the rank (the largest profile: the launcher's is small)
+  OXCCL_SOCKET_IFNAME=lo valgrind --tool=callgrind --trace-children=yes \
+    --callgrind-out-file="$D/cg$1.%p" "$BIN" --np 1 -b 8 -e 8 -n "$1" -w 10 -c 0 >/dev/null 2>&1
+  callgrind_annotate "$(ls -S "$D"/cg"$1".* | head -1)" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+}
+a="$(total "$N")"
+b="$(total $((2 * N)))"
+echo "$(( (b - a) / (2 * N) )) instructions per call ($BIN, 1 rank, 8 B, mean of in and out of place)"
