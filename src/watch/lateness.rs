@@ -3,7 +3,7 @@
 //! A peer's first message of an operation tells when that peer entered it only when the peer
 //! sent it before receiving anything (ring's first step, recursive doubling's first partner, a
 //! tree's leaves): later messages also carry the waits of whoever the peer waited for. Each
-//! schedule lists such "clean" peers ([`crate::schedule::Schedule::clean_peers`], from the peers'
+//! schedule lists such "clean" peers (`Schedule::clean_peers`, from the peers'
 //! own schedules, once per cached schedule). When an operation had to wait for a clean peer's
 //! first message, the lag is the time from this rank's entry to that message; the clean peer
 //! whose message came last, when past [`LATE_MIN`], was the operation's last to arrive. A
