@@ -42,8 +42,8 @@ pub struct Opts {
 /// How the local launcher places ranks on cores (`--bind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bind {
-    /// Each rank to a core of its own when there are enough, else free: what `mpirun` does by
-    /// default for 2 ranks (Open MPI binds to cores up to 2 ranks, to sockets beyond).
+    /// Each rank to a core of its own when there are as many cores as ranks, else free (Open
+    /// MPI's `mpirun` binds 2 ranks to cores by default, more ranks to sockets).
     Auto,
     /// Each rank to one core, round robin over the cores this process may use.
     Core,
@@ -124,7 +124,7 @@ ranks (local launch):
                          (no rank can see another's process, as on separate machines)
   --id-file FILE         write the job's unique id there (for oxccl-perf --status @FILE)
   --bind none|core|auto  bind each rank to a core of its own: core always (round robin), auto
-                         when there are as many cores as ranks (as mpirun does)  default none
+                         when there are as many cores as ranks (mpirun does for 2)  default none
 watching:
   --trace FILE           write a Chrome trace (JSON) of every rank's operations and steps
   --delay RANK:MS        that rank sleeps MS before each timed operation (a straggler on purpose)

@@ -31,8 +31,7 @@
 //!
 //! This crate contains `unsafe` only in [`wait`] (poll, pipe2, read, write), [`fork`]
 //! (pthread_atfork), [`thread`] (gettid), [`deepen_backlog`] (listen) and [`set_rcvlowat`]
-//! (setsockopt), each with a
-//! `// SAFETY:` comment.
+//! (setsockopt), each with a `// SAFETY:` comment.
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
