@@ -371,25 +371,18 @@ impl TcpRecv {
         Ok(Some((h, need)))
     }
 
-    /// Bytes of the frame at `start` still to arrive, once its length is known (0 if not).
+    /// Bytes of the frame at `start` still to arrive, once its length is in: the length prefix
+    /// of an encrypted frame, the header of a plain one (0 before). Not validated here: a bad
+    /// length fails in [`TcpRecv::complete`], which the reader asks first.
     pub(crate) fn missing(&self) -> usize {
-        let have = self.end - self.start;
-        let need = if self.open.is_some() {
-            if have < LEN_BYTES {
-                return 0;
+        let b = &self.buf[self.start..self.end];
+        let need = match self.open {
+            Some(_) => {
+                b.get(..LEN_BYTES).map(|l| LEN_BYTES + u32::from_le_bytes(l.try_into().unwrap()) as usize + TAG_BYTES)
             }
-            let at = self.start;
-            LEN_BYTES + u32::from_le_bytes(self.buf[at..at + LEN_BYTES].try_into().unwrap()) as usize + TAG_BYTES
-        } else {
-            if have < HEADER_BYTES {
-                return 0;
-            }
-            match Header::decode(&self.buf[self.start..self.end], self.max) {
-                Ok(h) => HEADER_BYTES + h.len as usize,
-                Err(_) => return 0,
-            }
+            None => Header::decode(b, self.max).ok().map(|h| HEADER_BYTES + h.len as usize),
         };
-        need.saturating_sub(have)
+        need.map_or(0, |n| n.saturating_sub(b.len()))
     }
 
     /// Before sleeping: be woken when the rest of a large frame is in, not at its first segment
