@@ -204,6 +204,10 @@ fn grow_keeps_the_members_numbers_and_ids_are_single_use() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     on_all(&grown2, |c| check_allreduce(c, 4));
+    // once the id is spent, a member's rank is still named as the wrong argument it is
+    let e = Communicator::join_grow_with_config(&id2, 5, 1, cfg(5)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("existing member"), "{e}");
 }
 
 #[test]

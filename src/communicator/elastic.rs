@@ -248,12 +248,13 @@ impl Communicator {
             Error::invalid_usage("grow: this grow id was used already (ids are single-use: make a new one)")
                 .with_rank(rank)
         };
-        if rdv.store.check(&[format!("{p}/grow-done")])? {
-            return Err(used());
-        }
+        let done = rdv.store.check(&[format!("{p}/grow-done")])?;
         match old {
+            Some(_) if done => return Err(used()),
             Some((n, _)) => rdv.store.set(&format!("{p}/grow-old"), n.to_string().as_bytes())?,
             None => {
+                // the members record the old size before any of them finishes, so a spent id
+                // still has it: a newcomer claiming a member's rank hears that whatever the timing
                 let v = rdv.store.get(&format!("{p}/grow-old"), cfg.timeout).map_err(|e| {
                     e.with_rank(rank).with_op("grow: waiting for the existing ranks to call ncclCommGrow")
                 })?;
@@ -265,6 +266,9 @@ impl Communicator {
                         nranks - 1
                     ))
                     .with_rank(rank));
+                }
+                if done || rdv.store.check(&[format!("{p}/grow-done")])? {
+                    return Err(used());
                 }
             }
         }
