@@ -114,14 +114,7 @@ fn the_unique_ids_store_is_sealed_and_refuses_another_key() {
 #[test]
 fn encrypted_collectives_over_libfabric_are_exact() {
     let cf = Config { net: Some("ofi".into()), ofi_provider: "tcp;ofi_rxm".into(), ..tcp(Encryption::UniqueId) };
-    let comms = match Communicator::init_all_with_config(3, cf) {
-        Ok(c) => c,
-        Err(e) if e.kind == ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
-            eprintln!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(comms) = common::init_ofi_or_skip(3, cf) else { return };
     on_all(comms, |c| {
         for coll in [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter] {
             for count in [1, 5000, 200_001] {

@@ -8,7 +8,7 @@
 mod common;
 
 use oxccl::exec::single_copy_counts;
-use oxccl::{Coll, Communicator, Config, DataType, ErrorKind, ReduceOp};
+use oxccl::{Coll, Config, DataType, ReduceOp};
 use std::time::Duration;
 
 fn ofi(zero_copy: bool) -> Config {
@@ -29,14 +29,7 @@ fn ofi(zero_copy: bool) -> Config {
 #[test]
 fn rdma_sends_from_user_memory_to_receivers_that_combine() {
     for zero_copy in [true, false] {
-        let comms = match Communicator::init_all_with_config(3, ofi(zero_copy)) {
-            Ok(c) => c,
-            Err(e) if e.kind == ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
-                eprintln!("skipped: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        };
+        let Some(comms) = common::init_ofi_or_skip(3, ofi(zero_copy)) else { return };
         let before = single_copy_counts();
         // reduce-scatter: every receiver combines, so only `borrow_for_combining` sends by
         // reference (a ring's first step sends the input, a stable value)

@@ -51,3 +51,18 @@ pub fn run_and_count_wrong(
     };
     count_wrong(dt, &got, &want)
 }
+
+/// `n` communicators over libfabric with `cfg` (which names the provider), or `None` where
+/// libfabric does not open here, said on stderr; unless `OXCCL_REQUIRE_OFI` is set (CI sets it),
+/// where that fails the test.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn init_ofi_or_skip(n: usize, cfg: oxccl::Config) -> Option<Vec<Communicator>> {
+    match Communicator::init_all_with_config(n, cfg) {
+        Ok(c) => Some(c),
+        Err(e) if e.kind == oxccl::ErrorKind::Unavailable && std::env::var_os("OXCCL_REQUIRE_OFI").is_none() => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
