@@ -236,12 +236,8 @@ pub fn bound_core() -> Option<usize> {
 /// the launcher chose, if it chose one.
 pub fn bind_self() -> Result<(), String> {
     use nix::sched::{sched_setaffinity, CpuSet};
-    let Some(c) = bound_core() else {
-        return match std::env::var(CPU_VAR) {
-            Ok(v) => Err(format!("bad {CPU_VAR}={v}")),
-            Err(_) => Ok(()),
-        };
-    };
+    let Ok(v) = std::env::var(CPU_VAR) else { return Ok(()) };
+    let c: usize = v.parse().map_err(|_| format!("bad {CPU_VAR}={v}"))?;
     let mut set = CpuSet::new();
     set.set(c).map_err(|e| format!("core {c}: {e}"))?;
     sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| format!("binding to core {c}: {e}"))
