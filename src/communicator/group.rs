@@ -110,42 +110,8 @@ impl<'a> Group<'a> {
         let mut runs = Runs::new();
         self.prepare(&comms, now, &mut runs)?;
         let shareds: Few<&Shared> = comms.iter().map(|c| &*c.sh).collect();
-        let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
-        let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
-        let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
-        let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
-        let status = shareds.iter().filter_map(|sh| sh.cfg.watch.status_after).min();
-        let res = drive(&shareds, &mut runs, Policy { spin, yield_for, deadline, report, started: now, status });
-        let end = Instant::now();
-        for r in &runs {
-            shareds[r.comm].completed(r, end);
-        }
-        match res {
-            Ok(()) => Ok(()),
-            Err(mut e) => {
-                // name the operation the failure stopped (a dead peer is found by the transport,
-                // which knows the peer but not the call)
-                if e.op.is_none() {
-                    let stopped = runs.iter().filter(|r| !r.done());
-                    let involved = |r: &&OpRun<'_>| {
-                        let (rx, tx) = r.sched.peers();
-                        e.peer.is_some_and(|p| rx.contains(&p) || tx.contains(&p))
-                    };
-                    if let Some(r) = stopped.clone().find(involved).or_else(|| stopped.clone().next()) {
-                        e = e.with_op(r.fp.to_string()).with_seq(r.seq);
-                    }
-                }
-                if e.kind == crate::ErrorKind::Timeout {
-                    if let Some(r) = runs.iter().find(|r| !r.done() && !matches!(r.fp.coll, Coll::Send | Coll::Recv)) {
-                        e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq, &r.heard_from()));
-                    }
-                }
-                for sh in &shareds {
-                    sh.set_error(e.clone());
-                }
-                Err(shareds[0].with_root_cause(e))
-            }
-        }
+        let res = drive(&shareds, &mut runs, policy(&shareds, now));
+        conclude(&shareds, &runs, res)
     }
 
     /// Distinct communicators, in first-use order.
@@ -185,72 +151,135 @@ impl<'a> Group<'a> {
         let mut connected = true;
         for ((c, d, opts, mem), algo) in self.ops.into_iter().zip(algos) {
             let ci = comms.iter().position(|x| Arc::ptr_eq(&x.sh, &c.sh)).unwrap();
-            let sh = &*c.sh;
-            let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
-            let avg = d.op == ReduceOp::Avg && d.coll.reduces();
-            let (seq, sched) = {
-                let mut st = sh.state.lock().unwrap();
-                if comms.len() == 1 {
-                    check_state(sh, &st)?;
-                }
-                let ctr = match d.coll {
-                    Coll::Send => &mut st.p2p_tx[d.root],
-                    Coll::Recv => &mut st.p2p_rx[d.root],
-                    _ => &mut st.seq,
-                };
-                *ctr += 1;
-                let seq = *ctr - 1;
-                let key = (d.coll, d.count, d.root, chunk, avg, algo);
-                let sched = cached_schedule(sh, &mut st, key);
-                let (rx, tx) = sched.peers();
-                connected = connected
-                    && rx.iter().all(|&p| st.conns.recv[p].is_some())
-                    && tx.iter().all(|&q| st.conns.send[q].is_some());
-                (seq, sched)
-            };
-            let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
-            let sel = opts.algos.wire();
-            let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
-            sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
-            runs.push(OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem));
-            if let Some(run) = runs.last_mut() {
-                run.obs = crate::exec::Observe::new(now);
-            }
+            let (run, conn) = prepare_op(c, ci, comms.len() == 1, d, opts, mem, algo, now)?;
+            connected &= conn;
+            runs.push(run);
         }
         // pass 2: connect what the ops need, all communicators phase by phase (nothing to do,
         // and nothing allocated, when every connection exists: the steady state)
         if connected {
             return Ok(());
         }
-        let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
-        let mut setups: Vec<Setup<'_>> = shareds
-            .iter()
-            .enumerate()
-            .map(|(ci, sh)| {
-                let (rx, tx) = crate::exec::peers_of(runs.iter().filter(|r| r.comm == ci));
-                let mine: Vec<&OpRun<'_>> = runs.iter().filter(|r| r.comm == ci).collect();
-                let doing = match mine.as_slice() {
-                    [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp)),
-                    _ => None,
-                };
-                Setup::new(sh, &rx, &tx, doing)
-            })
-            .collect();
-        let phased = (|| -> Result<()> {
-            setups.iter_mut().try_for_each(|s| s.publish())?;
-            setups.iter_mut().try_for_each(|s| s.connect())?;
-            setups.iter_mut().try_for_each(|s| s.accept())
-        })();
-        drop(setups);
-        if let Err(e) = phased {
-            let e = e.with_op("connection setup");
-            for sh in &shareds {
-                sh.set_error(e.clone());
-            }
-            return Err(e);
-        }
-        Ok(())
+        connect(comms, runs)
     }
+}
+
+/// The progress policy of a call on `shareds` that began at `now`: the longest timeout, spin
+/// and yield of its communicators, the shortest report and status periods.
+pub(crate) fn policy(shareds: &[&Shared], now: Instant) -> Policy {
+    let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
+    let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
+    let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
+    let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
+    let status = shareds.iter().filter_map(|sh| sh.cfg.watch.status_after).min();
+    Policy { spin, yield_for, deadline, report, started: now, status }
+}
+
+/// The end of a call: every op's completion noted, and a failure named after the operation it
+/// stopped (a dead peer is found by the transport, which knows the peer but not the call), with
+/// the timeout census, and made the communicators' sticky error.
+pub(crate) fn conclude(shareds: &[&Shared], runs: &[OpRun<'_>], res: Result<()>) -> Result<()> {
+    let end = Instant::now();
+    for r in runs {
+        shareds[r.comm].completed(r, end);
+    }
+    let Err(mut e) = res else { return Ok(()) };
+    if e.op.is_none() {
+        let stopped = runs.iter().filter(|r| !r.done());
+        let involved = |r: &&OpRun<'_>| {
+            let (rx, tx) = r.sched.peers();
+            e.peer.is_some_and(|p| rx.contains(&p) || tx.contains(&p))
+        };
+        if let Some(r) = stopped.clone().find(involved).or_else(|| stopped.clone().next()) {
+            e = e.with_op(r.fp.to_string()).with_seq(r.seq);
+        }
+    }
+    if e.kind == crate::ErrorKind::Timeout {
+        if let Some(r) = runs.iter().find(|r| !r.done() && !matches!(r.fp.coll, Coll::Send | Coll::Recv)) {
+            e.message = format!("{}; {}", e.message, shareds[r.comm].census(r.seq, &r.heard_from()));
+        }
+    }
+    for sh in shareds {
+        sh.set_error(e.clone());
+    }
+    Err(shareds[0].with_root_cause(e))
+}
+
+/// One op's sequence number, schedule and flight record, as communicator `ci` of its call
+/// (`check`: whether its communicator's state is checked here, under the lock that takes the
+/// number). Returns the op and whether every connection it needs exists.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prepare_op<'a>(
+    c: &Communicator,
+    ci: usize,
+    check: bool,
+    d: OpDesc,
+    opts: CallOptions,
+    mem: OpMem<'a>,
+    algo: crate::schedule::Algo,
+    now: Instant,
+) -> Result<(OpRun<'a>, bool)> {
+    let sh = &*c.sh;
+    let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
+    let avg = d.op == ReduceOp::Avg && d.coll.reduces();
+    let (seq, sched, connected) = {
+        let mut st = sh.state.lock().unwrap();
+        if check {
+            check_state(sh, &st)?;
+        }
+        let ctr = match d.coll {
+            Coll::Send => &mut st.p2p_tx[d.root],
+            Coll::Recv => &mut st.p2p_rx[d.root],
+            _ => &mut st.seq,
+        };
+        *ctr += 1;
+        let seq = *ctr - 1;
+        let key = (d.coll, d.count, d.root, chunk, avg, algo);
+        let sched = cached_schedule(sh, &mut st, key);
+        let (rx, tx) = sched.peers();
+        let connected =
+            rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some());
+        (seq, sched, connected)
+    };
+    let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
+    let sel = opts.algos.wire();
+    let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
+    sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
+    let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
+    run.obs = crate::exec::Observe::new(now);
+    Ok((run, connected))
+}
+
+/// Connect what `runs` need, all communicators phase by phase: publish, connect, accept.
+pub(crate) fn connect(comms: &[&Communicator], runs: &[OpRun<'_>]) -> Result<()> {
+    let shareds: Vec<&Shared> = comms.iter().map(|c| &*c.sh).collect();
+    let mut setups: Vec<Setup<'_>> = shareds
+        .iter()
+        .enumerate()
+        .map(|(ci, sh)| {
+            let (rx, tx) = crate::exec::peers_of(runs.iter().filter(|r| r.comm == ci));
+            let mine: Vec<&OpRun<'_>> = runs.iter().filter(|r| r.comm == ci).collect();
+            let doing = match mine.as_slice() {
+                [one] if !matches!(one.fp.coll, Coll::Send | Coll::Recv) => Some((one.seq, one.fp)),
+                _ => None,
+            };
+            Setup::new(sh, &rx, &tx, doing)
+        })
+        .collect();
+    let phased = (|| -> Result<()> {
+        setups.iter_mut().try_for_each(|s| s.publish())?;
+        setups.iter_mut().try_for_each(|s| s.connect())?;
+        setups.iter_mut().try_for_each(|s| s.accept())
+    })();
+    drop(setups);
+    if let Err(e) = phased {
+        let e = e.with_op("connection setup");
+        for sh in &shareds {
+            sh.set_error(e.clone());
+        }
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// The schedule of `key` on this rank: the last call's (the common case: the same call again),
