@@ -210,6 +210,7 @@ impl Communicator {
             failed: AtomicBool::new(false),
             abort_bell: Doorbell::new()?,
             busy: AtomicBool::new(false),
+            async_queued: Default::default(),
             async_pending: Mutex::new(0),
             async_cv: Condvar::new(),
             census_mark: Mutex::new(None),

@@ -49,7 +49,7 @@ impl Shared {
 
     /// No operation runs on this rank: no blocking call in any thread, nothing queued.
     pub(crate) fn quiescent(&self) -> bool {
-        !self.busy.load(Ordering::SeqCst) && *self.async_pending.lock().unwrap() == 0
+        !self.busy.load(Ordering::SeqCst) && self.async_queued.load(Ordering::Acquire) == 0
     }
 
     /// Wait (bounded by `limit`) until [`Shared::quiescent`]; a stopped communicator gets there

@@ -96,6 +96,9 @@ pub(crate) struct Shared {
     pub(crate) failed: AtomicBool,
     pub(crate) abort_bell: Doorbell,
     pub(crate) busy: AtomicBool,
+    /// Asynchronous operations queued and not finished (changed under `async_pending`'s lock;
+    /// read without it, so that a blocking call with none queued takes no lock for them).
+    pub(crate) async_queued: std::sync::atomic::AtomicUsize,
     pub(crate) async_pending: Mutex<usize>,
     pub(crate) async_cv: Condvar,
     /// The collective whose timeout census began, and when ([`DriveComm::near_deadline`]).
@@ -199,6 +202,7 @@ impl crate::progress::AsyncComm for Shared {
             *g -= 1;
             self.async_cv.notify_all();
         }
+        self.async_queued.store(*g, Ordering::Release);
     }
 }
 
@@ -210,6 +214,10 @@ impl Shared {
 
     /// Wait until the asynchronous operations already queued on this communicator finished.
     pub(crate) fn wait_async_idle(&self) {
+        // (the count drops to 0 on the progress thread after the last one finished: Acquire)
+        if self.async_queued.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut g = self.async_pending.lock().unwrap();
         while *g > 0 {
             g = self.async_cv.wait(g).unwrap();
