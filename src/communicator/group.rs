@@ -142,7 +142,7 @@ impl<'a> Group<'a> {
         // sequence number is taken, and the communicator stays usable
         let mut algos: Few<_> = Few::new();
         for (c, d, o, _) in &self.ops {
-            let algo = c.sh.choose_algo(d.coll, d.count * d.dtype.size(), o.algos);
+            let algo = c.sh.choose_algo(&mut c.sh.state.lock().unwrap(), d.coll, d.count * d.dtype.size(), o.algos);
             algos.push(algo.map_err(|e| e.with_op(d.coll.name()))?);
         }
         runs.reserve(self.ops.len());

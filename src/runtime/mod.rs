@@ -54,6 +54,8 @@ pub(crate) struct State {
     pub(crate) sched_cache: std::collections::HashMap<SchedKey, Arc<crate::schedule::Schedule>>,
     /// The schedule of the last call (most calls repeat it; skips hashing the key).
     pub(crate) last_sched: Option<(SchedKey, Arc<crate::schedule::Schedule>)>,
+    /// The last tuner decision: (operation, bytes, selection, algorithm).
+    pub(crate) last_choice: Option<(Coll, usize, AlgoSelection, crate::schedule::Algo)>,
 }
 
 pub(crate) type SchedKey = (Coll, usize, usize, usize, bool, crate::schedule::Algo);
@@ -76,8 +78,6 @@ pub(crate) struct Shared {
     pub(crate) host_of: Vec<usize>,
     /// Ranks of this communicator on this host per core (at least 1).
     pub(crate) oversub: f64,
-    /// The last tuner decision: (operation, bytes, selection, algorithm).
-    pub(crate) last_choice: Mutex<Option<(Coll, usize, AlgoSelection, crate::schedule::Algo)>>,
     pub(crate) rank: usize,
     pub(crate) nranks: usize,
     pub(crate) comm_id: u64,

@@ -8,9 +8,15 @@ use crate::Result;
 impl Shared {
     /// The algorithm for `coll` on `bytes` per rank buffer: [`crate::tuner::select`] on this
     /// communicator's topology and settings, memoised for the common case (the same call again),
-    /// logged when it changes.
-    pub(crate) fn choose_algo(&self, coll: Coll, bytes: usize, sel: AlgoSelection) -> Result<crate::schedule::Algo> {
-        let mut last = self.last_choice.lock().unwrap();
+    /// logged when it changes. The caller holds the state lock (`st`).
+    pub(crate) fn choose_algo(
+        &self,
+        st: &mut State,
+        coll: Coll,
+        bytes: usize,
+        sel: AlgoSelection,
+    ) -> Result<crate::schedule::Algo> {
+        let last = &mut st.last_choice;
         if let Some((c, b, s, a)) = *last {
             if c == coll && b == bytes && s == sel {
                 return Ok(a); // the common case: the same call again
