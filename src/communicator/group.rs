@@ -10,7 +10,7 @@ use crate::types::{Element, ReduceOp};
 use crate::Result;
 use smallvec::SmallVec;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A short list kept inline: a blocking call (one op, one communicator) allocates nothing for
 /// its group, its communicators or its runs.
@@ -167,12 +167,27 @@ impl<'a> Group<'a> {
 /// The progress policy of a call on `shareds` that began at `now`: the longest timeout, spin
 /// and yield of its communicators, the shortest report and status periods.
 pub(crate) fn policy(shareds: &[&Shared], now: Instant) -> Policy {
-    let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
-    let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
-    let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
-    let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
-    let status = shareds.iter().filter_map(|sh| sh.cfg.watch.status_after).min();
-    Policy { spin, yield_for, deadline, report, started: now, status }
+    let one = |sh: &Shared| Policy {
+        spin: sh.spin,
+        yield_for: sh.yield_for,
+        deadline: now + sh.cfg.timeout,
+        report: sh.cfg.wait_report,
+        started: now,
+        status: sh.cfg.watch.status_after,
+    };
+    let least = |a: Option<Duration>, b: Option<Duration>| a.into_iter().chain(b).min();
+    let mut p = one(shareds[0]);
+    for q in shareds[1..].iter().map(|sh| one(sh)) {
+        p = Policy {
+            spin: p.spin.max(q.spin),
+            yield_for: p.yield_for.max(q.yield_for),
+            deadline: p.deadline.max(q.deadline),
+            report: least(p.report, q.report),
+            started: now,
+            status: least(p.status, q.status),
+        };
+    }
+    p
 }
 
 /// The end of a call: every op's completion noted, and a failure named after the operation it
@@ -205,9 +220,57 @@ pub(crate) fn conclude(shareds: &[&Shared], runs: &[OpRun<'_>], res: Result<()>)
     Err(shareds[0].with_root_cause(e))
 }
 
-/// One op's sequence number, schedule and flight record, as communicator `ci` of its call
-/// (`check`: whether its communicator's state is checked here, under the lock that takes the
-/// number). Returns the op and whether every connection it needs exists.
+/// What an op takes under its communicator's state lock: its number, call and schedule.
+pub(crate) struct Taken {
+    pub(crate) seq: u64,
+    pub(crate) fp: Fingerprint,
+    pub(crate) sched: Arc<crate::schedule::Schedule>,
+    /// Whether every connection it needs exists.
+    pub(crate) connected: bool,
+}
+
+/// The part of an op's preparation done under its communicator's state lock (`st`): the
+/// algorithm (the tuner's choice, made here if `algo` is `None`), the state check (`check`),
+/// the sequence number and the schedule.
+pub(crate) fn take(
+    sh: &Shared,
+    st: &mut crate::runtime::State,
+    check: bool,
+    d: &OpDesc,
+    opts: &CallOptions,
+    algo: Option<crate::schedule::Algo>,
+) -> Result<Taken> {
+    // the algorithm first: a call whose selection cannot be honoured fails before it takes a
+    // sequence number, and the communicator stays usable
+    let algo = match algo {
+        Some(a) => a,
+        None => sh.choose_algo(st, d.coll, d.count * d.dtype.size(), opts.algos).map_err(|e| e.with_op(d.coll.name()))?,
+    };
+    if check {
+        check_state(sh, st)?;
+    }
+    let ctr = match d.coll {
+        Coll::Send => &mut st.p2p_tx[d.root],
+        Coll::Recv => &mut st.p2p_rx[d.root],
+        _ => &mut st.seq,
+    };
+    *ctr += 1;
+    let seq = *ctr - 1;
+    let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
+    let avg = d.op == ReduceOp::Avg && d.coll.reduces();
+    let key = (d.coll, d.count, d.root, chunk, avg, algo);
+    let sched = cached_schedule(sh, st, key);
+    let (rx, tx) = sched.peers();
+    let connected = rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some());
+    let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
+    let sel = opts.algos.wire();
+    let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
+    Ok(Taken { seq, fp, sched, connected })
+}
+
+/// One op of a group, as communicator `ci` of its call: [`take`] under the lock (`check`: see
+/// there), then its flight record and its state. Returns the op and whether every connection
+/// it needs exists.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare_op<'a>(
     c: &Communicator,
@@ -220,34 +283,11 @@ pub(crate) fn prepare_op<'a>(
     now: Instant,
 ) -> Result<(OpRun<'a>, bool)> {
     let sh = &*c.sh;
-    let chunk = (sh.cfg.chunk_bytes / d.dtype.size()).max(1);
-    let avg = d.op == ReduceOp::Avg && d.coll.reduces();
-    let (seq, sched, connected) = {
-        let mut st = sh.state.lock().unwrap();
-        if check {
-            check_state(sh, &st)?;
-        }
-        let ctr = match d.coll {
-            Coll::Send => &mut st.p2p_tx[d.root],
-            Coll::Recv => &mut st.p2p_rx[d.root],
-            _ => &mut st.seq,
-        };
-        *ctr += 1;
-        let seq = *ctr - 1;
-        let key = (d.coll, d.count, d.root, chunk, avg, algo);
-        let sched = cached_schedule(sh, &mut st, key);
-        let (rx, tx) = sched.peers();
-        let connected =
-            rx.iter().all(|&p| st.conns.recv[p].is_some()) && tx.iter().all(|&q| st.conns.send[q].is_some());
-        (seq, sched, connected)
-    };
-    let op = if d.coll.reduces() { d.op } else { ReduceOp::Sum };
-    let sel = opts.algos.wire();
-    let fp = Fingerprint { coll: d.coll, dtype: d.dtype, op, root: d.root, count: d.count, algo, sel };
-    sh.record(seq, fp, opts.profiler_tag, sched.clone(), now);
-    let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, seq, fp, sched, mem);
+    let t = take(sh, &mut sh.state.lock().unwrap(), check, &d, &opts, Some(algo))?;
+    sh.record(t.seq, t.fp, opts.profiler_tag, t.sched.clone(), now);
+    let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, t.seq, t.fp, t.sched, mem);
     run.obs = crate::exec::Observe::new(now);
-    Ok((run, connected))
+    Ok((run, t.connected))
 }
 
 /// Connect what `runs` need, all communicators phase by phase: publish, connect, accept.
