@@ -69,12 +69,20 @@ fn every_restriction_is_exact_and_unsatisfiable_ones_are_refused_locally() {
 }
 
 #[test]
-fn different_selections_fail_as_a_mismatch_and_the_tag_is_recorded() {
+fn different_selections_fail_as_a_mismatch_and_every_call_is_recorded_once_with_its_tag() {
     let dir = std::env::temp_dir().join(format!("oxccl-callopts-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let cfg = Config { timeout: Duration::from_secs(30), dump_dir: Some(dir.clone()), ..Default::default() };
     let comms = Communicator::init_all_with_config(2, cfg).unwrap();
     on_all(&comms, |c| {
+        // before it: small calls that complete in their quick polls, and ones that wait in
+        // the engine for a late peer (rank 1 calls 30 ms late): each recorded once, done
+        for i in 0..4u64 {
+            if i % 2 == 1 && c.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            all_reduce(c, opts(&[], false, 10 + i), 1).unwrap();
+        }
         let mine =
             if c.rank() == 0 { opts(&[Algo::Ring], true, 99) } else { opts(&[Algo::Ring, Algo::Tree], true, 99) };
         let e = all_reduce(c, mine, 1000).unwrap_err();
@@ -89,9 +97,20 @@ fn different_selections_fail_as_a_mismatch_and_the_tag_is_recorded() {
             .find(|p| p.to_string_lossy().ends_with(&format!("rank{r}.json")))
             .expect("flight record");
         let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-        let last = j["ops"].as_array().unwrap().last().unwrap().clone();
+        let ops = j["ops"].as_array().unwrap();
+        let last = ops.last().unwrap().clone();
         assert_eq!(last["tag"], 99, "rank {r}: {last}");
+        assert_eq!(last["state"], "failed", "rank {r}: {last}");
         assert!(last["op"].as_str().unwrap().contains("algSelection"), "{last}");
+        // the four before it, in order, each once
+        let before: Vec<_> = ops.iter().filter(|o| o["tag"] != 99).collect();
+        assert_eq!(before.len(), 4, "rank {r}: {ops:?}");
+        for (i, o) in before.iter().enumerate() {
+            assert_eq!(o["tag"], 10 + i as u64, "rank {r}: {o}");
+            assert_eq!(o["seq"], i as u64, "rank {r}: {o}");
+            assert_eq!(o["state"], "done", "rank {r}: {o}");
+            assert!(o["end_us"].as_u64().unwrap() >= o["start_us"].as_u64().unwrap(), "rank {r}: {o}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -272,7 +272,7 @@ pub(crate) fn take(
 /// there), then its flight record and its state. Returns the op and whether every connection
 /// it needs exists.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn prepare_op<'a>(
+fn prepare_op<'a>(
     c: &Communicator,
     ci: usize,
     check: bool,
@@ -286,7 +286,8 @@ pub(crate) fn prepare_op<'a>(
     let t = take(sh, &mut sh.state.lock().unwrap(), check, &d, &opts, Some(algo))?;
     sh.record(t.seq, t.fp, opts.profiler_tag, t.sched.clone(), now);
     let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, t.seq, t.fp, t.sched, mem);
-    run.obs = crate::exec::Observe::new(now);
+    run.obs = crate::exec::Observe::new(now, opts.profiler_tag);
+    run.obs.recorded = true;
     Ok((run, t.connected))
 }
 

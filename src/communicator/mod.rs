@@ -7,6 +7,7 @@ mod group;
 mod life;
 mod nonblocking;
 mod ops;
+mod single;
 #[cfg(test)]
 mod tests;
 mod validate;

@@ -29,10 +29,9 @@ impl Communicator {
 
     /// [`Communicator::run`] with per-call options: an algorithm selection (every rank must pass
     /// the same one, or the call fails as a mismatch) and a profiler tag for the flight record.
-    pub fn run_with(&self, desc: OpDesc, opts: CallOptions, mem: OpMem<'_>) -> Result<()> {
-        let mut g = Group::new();
-        g.add_with(self, desc, opts, mem)?;
-        g.run()
+    pub fn run_with(&self, desc: OpDesc, opts: CallOptions, mut mem: OpMem<'_>) -> Result<()> {
+        self.validate(&desc, &mem.view())?;
+        self.run_one(desc, opts, mem)
     }
 
     /// Sum/prod/min/max/avg of `send` over all ranks, into `recv` on every rank.

@@ -20,7 +20,10 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 mod ladder;
+mod lone;
 mod publish;
+
+pub use lone::{quick_polls, QUICK_POLLS};
 
 /// Where the engine finds the queued operations, by id: the caller owns them (a group's list,
 /// the progress thread's queue), so the engine never moves one.

@@ -15,7 +15,7 @@ mod run;
 mod step;
 mod wait;
 
-pub use engine::drive;
+pub use engine::{drive, quick_polls, QUICK_POLLS};
 pub use observe::Observe;
 pub(crate) use engine::{Engine, Finished, Runs};
 pub use run::{single_copy_counts, OpRun};

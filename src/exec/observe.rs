@@ -23,13 +23,18 @@ pub struct Observe {
     pub latest: Option<(usize, Duration)>,
     /// The steps so far, and when the current one was first tried (tracing only).
     pub steps: Option<Box<(Vec<StepSpan>, Option<Instant>)>>,
+    /// The caller's profiler tag (0: none).
+    pub tag: u64,
+    /// Whether the flight recorder has it yet: a lone blocking call is recorded only when it
+    /// goes to the engine to wait ([`crate::exec::DriveComm::to_engine`]), or when it ends.
+    pub recorded: bool,
 }
 
 impl Observe {
     /// Notes from `entered` on; steps too if tracing is on.
-    pub fn new(entered: Instant) -> Observe {
+    pub fn new(entered: Instant, tag: u64) -> Observe {
         let steps = crate::watch::trace::enabled().then(|| Box::new((Vec::new(), None)));
-        Observe { entered: Some(entered), steps, ..Default::default() }
+        Observe { entered: Some(entered), steps, tag, ..Default::default() }
     }
 
     /// The op found no message from `peer`.
@@ -101,7 +106,7 @@ mod tests {
     #[test]
     fn a_wait_is_timed_only_once_the_engine_read_the_clock_in_it() {
         let entered = Instant::now();
-        let mut o = Observe::new(entered);
+        let mut o = Observe::new(entered, 0);
         // a short wait: no clock reading during it, nothing timed, no lag
         o.blocked_on(1);
         assert!(o.waits_for(1) && !o.waits_for(2));

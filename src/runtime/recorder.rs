@@ -44,6 +44,14 @@ impl Book {
         }
     }
 
+    /// A new entry (the oldest goes when full).
+    pub(crate) fn push(&mut self, r: Record) {
+        if self.ops.len() == RECORDS {
+            self.ops.pop_front();
+        }
+        self.ops.push_back(r);
+    }
+
     /// Operation `seq` ended (`done`: completed).
     pub(crate) fn end(&mut self, seq: u64, fp: Fingerprint, done: bool, end: Instant) {
         let this = |x: &Record| x.seq == seq && x.fp == fp && x.end.is_none();
@@ -68,11 +76,7 @@ impl Shared {
         sched: Arc<crate::schedule::Schedule>,
         start: Instant,
     ) {
-        let r = &mut self.recorder.lock().unwrap().ops;
-        if r.len() == RECORDS {
-            r.pop_front();
-        }
-        r.push_back(Record { seq, fp, tag, sched, start, end: None, failed: false });
+        self.recorder.lock().unwrap().push(Record { seq, fp, tag, sched, start, end: None, failed: false });
     }
 
     /// Write the flight record (`<dir>/oxccl-<comm>-rank<r>.json`, [`crate::flight`]): the last

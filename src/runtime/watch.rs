@@ -34,7 +34,19 @@ impl Shared {
         let done = r.done();
         let full = {
             let mut book = self.recorder.lock().unwrap();
-            book.end(r.seq, r.fp, done, end);
+            match r.obs.recorded {
+                true => book.end(r.seq, r.fp, done, end),
+                // (a lone call that completed or failed in its quick polls is recorded only now)
+                false => book.push(super::recorder::Record {
+                    seq: r.seq,
+                    fp: r.fp,
+                    tag: r.obs.tag,
+                    sched: r.sched.clone(),
+                    start: r.obs.entered.unwrap_or(end),
+                    end: Some(end),
+                    failed: !done,
+                }),
+            }
             if !done {
                 book.counters.failed();
                 None
