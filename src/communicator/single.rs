@@ -23,19 +23,18 @@ impl Communicator {
         let t = take(sh, &mut st, true, &d, &opts, None)?;
         let mut run = OpRun::new(0, sh.rank, sh.nranks, sh.comm_id, t.seq, t.fp, t.sched, mem);
         run.obs = Observe::new(now, opts.profiler_tag);
-        let policy = policy(&[sh], now);
         if !t.connected {
             drop(st);
             connect(&[self], std::slice::from_ref(&run))?;
             st = sh.state.lock().unwrap();
         }
-        let quick = quick_polls(&mut run, &mut st.conns, policy.spin, || sh.stopped());
+        let quick = quick_polls(&mut run, &mut st.conns, sh.spin, || sh.stopped());
         drop(st);
         let res = match quick {
             Ok(true) => Ok(()),
             Ok(false) => {
                 sh.to_engine(&mut run);
-                drive(&[sh], std::slice::from_mut(&mut run), policy)
+                drive(&[sh], std::slice::from_mut(&mut run), policy(&[sh], now))
             }
             Err(e) => Err(e),
         };
