@@ -49,7 +49,7 @@ pub struct Config {
     /// never use shared memory between them.
     pub host_id: Option<String>,
     /// Allowed algorithms, NCCL syntax (`OXCCL_ALGO`, else `NCCL_ALGO`): a comma list of
-    /// `ring`, `recdouble`, `rabenseifner`, `tree`, `hierarchical`; a leading `^` excludes.
+    /// `ring`, `recdouble`, `rabenseifner`, `tree`, `hierarchical`, `star`; a leading `^` excludes.
     /// Checked when a communicator is created.
     pub algo: Option<String>,
     /// Allowed protocols (`NCCL_PROTO`); oxccl has one protocol, `Simple`.
@@ -279,9 +279,9 @@ pub fn init_logging() {
 }
 
 /// The algorithms the tuner chooses among (the ordered schedules are only for deterministic mode).
-pub const TUNED: [crate::schedule::Algo; 5] = {
+pub const TUNED: [crate::schedule::Algo; 6] = {
     use crate::schedule::Algo;
-    [Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical]
+    [Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical, Algo::Star]
 };
 
 /// Parse an `NCCL_ALGO`-style list into the allowed algorithms (in oxccl's order).
@@ -300,17 +300,18 @@ pub fn parse_algos(spec: &str) -> crate::Result<Vec<crate::schedule::Algo>> {
             "hierarchical" | "hier" => Algo::Hierarchical,
             "tree" => Algo::Tree,
             "rabenseifner" | "rechalving" | "rh" => Algo::Rabenseifner,
+            "star" => Algo::Star,
             "collnetdirect" | "collnetchain" | "nvls" | "nvlstree" | "pat" => {
                 if exclude {
                     continue; // excluding what we do not have is fine
                 }
                 return Err(crate::Error::invalid_usage(format!(
-                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble, rabenseifner, tree, hierarchical"
+                    "algorithm {name:?} (from OXCCL_ALGO/NCCL_ALGO) is not implemented by oxccl; available: ring, recdouble, rabenseifner, tree, hierarchical, star"
                 )));
             }
             other => {
                 return Err(crate::Error::invalid_argument(format!(
-                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble, rabenseifner, tree, hierarchical"
+                    "unknown algorithm {other:?} in OXCCL_ALGO/NCCL_ALGO; available: ring, recdouble, rabenseifner, tree, hierarchical, star"
                 )))
             }
         };
@@ -352,18 +353,19 @@ mod tests {
         assert_eq!(parse_algos("Ring,RecDouble").unwrap(), vec![Algo::Ring, Algo::RecursiveDoubling]);
         assert_eq!(
             parse_algos("^ring").unwrap(),
-            vec![Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical]
+            vec![Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical, Algo::Star]
         );
         assert_eq!(
             parse_algos("^tree,nvls").unwrap(),
-            vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Hierarchical]
+            vec![Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Hierarchical, Algo::Star]
         );
         assert_eq!(parse_algos("Tree").unwrap(), vec![Algo::Tree]);
         assert_eq!(parse_algos("rabenseifner").unwrap(), vec![Algo::Rabenseifner]);
+        assert_eq!(parse_algos("Star").unwrap(), vec![Algo::Star]);
         let e = parse_algos("NVLS").unwrap_err();
         assert!(e.to_string().contains("not implemented"), "{e}");
         assert!(parse_algos("bogus").is_err());
-        assert!(parse_algos("^ring,rd,hier,tree,rh").is_err());
+        assert!(parse_algos("^ring,rd,hier,tree,rh,star").is_err());
         assert!(check_proto("Simple").is_ok());
         assert!(check_proto("^LL,LL128").is_ok());
         assert!(check_proto("LL").unwrap_err().to_string().contains("only the Simple"));

@@ -103,6 +103,10 @@ fn cheapest(bytes: usize, topo: &Topology<'_>, t: &Tuner, algos: &[Algo]) -> Alg
     let rab = (2.0 * p2.log2() + fold) * alpha + pen * (2.0 * (p2 - 1.0) / p2 + fold) * s / beta;
     let depth = (usize::BITS - nranks.leading_zeros()) as f64;
     let tree = 2.0 * depth * alpha + pen * 2.0 * s / beta;
+    // star: two hand-offs whatever n, but rank 0 handles the n-1 messages of each way in
+    // turn (each ~1.5 α of a lone shared-memory message) and its link carries (n-1)·S; only
+    // inside one host
+    let star = if one_host { 2.0 * alpha + (n - 1.0) * (1.5 * t.shm_alpha_us + s / beta) } else { f64::INFINITY };
     let hier = if hosts > 1 && hosts < nranks {
         2.0 * ((g - 1.0) * sa + s / sb) + 2.0 * (h - 1.0) * na + 2.0 * (h - 1.0) / h * s / nb
     } else {
@@ -114,6 +118,7 @@ fn cheapest(bytes: usize, topo: &Topology<'_>, t: &Tuner, algos: &[Algo]) -> Alg
         (rab, Algo::Rabenseifner),
         (tree, Algo::Tree),
         (hier, Algo::Hierarchical),
+        (star, Algo::Star),
     ];
     let mut best = (f64::INFINITY, algos[0]);
     for (cost, a) in costs {
@@ -128,7 +133,8 @@ fn cheapest(bytes: usize, topo: &Topology<'_>, t: &Tuner, algos: &[Algo]) -> Alg
 mod tests {
     use super::*;
 
-    const ALL: [Algo; 5] = [Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical];
+    const ALL: [Algo; 6] =
+        [Algo::Ring, Algo::RecursiveDoubling, Algo::Rabenseifner, Algo::Tree, Algo::Hierarchical, Algo::Star];
 
     fn pick(coll: Coll, bytes: usize, host_of: &[usize], oversub: f64, sel: AlgoSelection, det: bool) -> Result<Algo> {
         let model = Tuner::default();
@@ -156,6 +162,26 @@ mod tests {
             pick(Coll::AllReduce, 256 << 20, &spread, 1.0, AlgoSelection::AUTO, false).unwrap(),
             Algo::Hierarchical
         );
+    }
+
+    #[test]
+    fn tiny_all_reduces_on_an_oversubscribed_host_take_the_star_from_six_ranks() {
+        // measured on 2 cores (bench/RESULTS.md): recursive doubling wins at 4 ranks, the star
+        // at 6, 8 and 16, up to 64 KiB at 8 ranks; Rabenseifner from 256 KiB
+        let at = |n: usize, bytes: usize| pick(Coll::AllReduce, bytes, &vec![0; n], n as f64 / 2.0, AlgoSelection::AUTO, false).unwrap();
+        assert_eq!(at(4, 8), Algo::RecursiveDoubling);
+        for n in [6, 8, 16] {
+            assert_eq!(at(n, 8), Algo::Star, "{n} ranks");
+        }
+        assert_eq!(at(8, 16 << 10), Algo::Star);
+        assert_ne!(at(8, 256 << 10), Algo::Star);
+        // not oversubscribed, or over the network: never
+        for n in [2, 8, 16] {
+            let free = pick(Coll::AllReduce, 8, &vec![0; n], 1.0, AlgoSelection::AUTO, false).unwrap();
+            assert_ne!(free, Algo::Star, "{n} ranks on {n} cores");
+        }
+        let hosts: Vec<usize> = (0..16).collect();
+        assert_ne!(pick(Coll::AllReduce, 8, &hosts, 1.0, AlgoSelection::AUTO, false).unwrap(), Algo::Star);
     }
 
     #[test]

@@ -189,7 +189,8 @@ fn tree_and_rabenseifner_at_scale() {
 #[test]
 fn costs_match_the_documented_formulas() {
     let doc = include_str!("../docs/algorithms.md");
-    for needle in ["2S - |B_r| - |B_(r+1)|", "(n-1)·c", "2(n-1)", "S - |B'_r|", "2(n-1)·S in all"] {
+    for needle in ["2S - |B_r| - |B_(r+1)|", "(n-1)·c", "2(n-1)", "S - |B'_r|", "2(n-1)·S in all", "(n-1)·S at rank 0"]
+    {
         assert!(doc.contains(needle), "docs/algorithms.md lost the formula {needle:?}");
     }
     for n in 1..=12 {
@@ -228,6 +229,11 @@ fn costs_match_the_documented_formulas() {
                     "rabenseifner n={n} rank={rank} count={count}"
                 );
                 tree_total += sched(Algo::Tree, rank).elements_sent();
+                assert_eq!(
+                    sched(Algo::Star, rank).elements_sent(),
+                    cost::star_elements_sent(n, rank, count),
+                    "star n={n} rank={rank} count={count}"
+                );
             }
             assert_eq!(tree_total, cost::tree_total_elements_sent(n, count), "tree n={n} count={count}");
         }
@@ -347,7 +353,7 @@ mod props {
 /// awkward counts, every root, tiny chunks, both layouts; numerically for every type and op.
 #[test]
 fn other_algorithms_in_the_simulator() {
-    for algo in [Algo::RecursiveDoubling, Algo::Ordered, Algo::Tree, Algo::Rabenseifner] {
+    for algo in [Algo::RecursiveDoubling, Algo::Ordered, Algo::Tree, Algo::Rabenseifner, Algo::Star] {
         let colls: &[Coll] = if algo == Algo::Ordered {
             &[Coll::AllReduce, Coll::ReduceScatter, Coll::Reduce]
         } else {

@@ -440,6 +440,7 @@ fn deterministic_mode_is_bitwise_identical_across_algorithms_and_chunks() {
         ("recdouble", 64),
         ("tree", 1024),
         ("rabenseifner", 512),
+        ("star", 256),
         ("ring,recdouble", 65536),
     ] {
         let cf = Config { deterministic: true, algo: Some(algo.into()), chunk_bytes: chunk, ..cfg() };
@@ -457,7 +458,7 @@ fn deterministic_mode_is_bitwise_identical_across_algorithms_and_chunks() {
 
 #[test]
 fn forced_algorithms_run_every_type_and_op_exactly() {
-    for algo in ["recdouble", "ring", "tree", "rabenseifner"] {
+    for algo in ["recdouble", "ring", "tree", "rabenseifner", "star"] {
         for n in [2, 3, 5, 8] {
             let comms = Communicator::init_all_with_config(n, Config { algo: Some(algo.into()), ..cfg() }).unwrap();
             on_all(comms, |c| {

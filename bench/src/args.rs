@@ -108,7 +108,7 @@ what runs:
   -o, --op OP            sum prod min max avg premulsum, or all         default sum
   -r, --root R           root of rooted collectives, or all             default 0
   --algo A               allowed all-reduce algorithms (OXCCL_ALGO syntax: ring, recdouble, rabenseifner,
-                         tree, hierarchical, ^excluded)                 default: the tuner
+                         tree, hierarchical, star, ^excluded)           default: the tuner
   --device               device (GPU) buffers, with memcpy/kernel bandwidth
 timing and checking:
   -n, --iters N          timed iterations per row                       default 20

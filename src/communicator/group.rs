@@ -244,7 +244,9 @@ pub(crate) fn take(
     // sequence number, and the communicator stays usable
     let algo = match algo {
         Some(a) => a,
-        None => sh.choose_algo(st, d.coll, d.count * d.dtype.size(), opts.algos).map_err(|e| e.with_op(d.coll.name()))?,
+        None => {
+            sh.choose_algo(st, d.coll, d.count * d.dtype.size(), opts.algos).map_err(|e| e.with_op(d.coll.name()))?
+        }
     };
     if check {
         check_state(sh, st)?;

@@ -75,6 +75,16 @@ pub fn tree_total_elements_sent(nranks: usize, count: usize) -> usize {
     2 * (nranks - 1) * count
 }
 
+/// Elements rank `rank` sends in a star all-reduce of `count` elements: rank 0 sends the
+/// result to each of the others, `(n-1)·S`; every other rank sends its input once, `S`.
+pub fn star_elements_sent(nranks: usize, rank: usize, count: usize) -> usize {
+    match (nranks, rank) {
+        (1, _) => 0,
+        (n, 0) => (n - 1) * count,
+        _ => count,
+    }
+}
+
 /// Messages (steps that send) per rank for a ring all-reduce: 2(n-1) per chunk round.
 pub fn allreduce_sends_per_round(nranks: usize) -> usize {
     2 * (nranks - 1)

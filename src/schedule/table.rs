@@ -138,6 +138,10 @@ pub enum Algo {
     /// Rabenseifner all-reduce: reduce-scatter by recursive halving, then all-gather by
     /// recursive doubling (log2 n steps each, bandwidth-optimal), for medium messages.
     Rabenseifner,
+    /// Star all-reduce: every rank sends to rank 0, which combines in rank order and sends the
+    /// result back; two dependent hand-offs at any rank count, for tiny messages on a host with
+    /// more ranks than cores.
+    Star,
 }
 
 impl Algo {
@@ -150,12 +154,20 @@ impl Algo {
             Algo::Hierarchical => "hierarchical",
             Algo::Tree => "tree",
             Algo::Rabenseifner => "rabenseifner",
+            Algo::Star => "star",
         }
     }
 
     /// Every algorithm, in wire-code order.
-    pub const ALL: [Algo; 6] =
-        [Algo::Ring, Algo::RecursiveDoubling, Algo::Ordered, Algo::Hierarchical, Algo::Tree, Algo::Rabenseifner];
+    pub const ALL: [Algo; 7] = [
+        Algo::Ring,
+        Algo::RecursiveDoubling,
+        Algo::Ordered,
+        Algo::Hierarchical,
+        Algo::Tree,
+        Algo::Rabenseifner,
+        Algo::Star,
+    ];
 
     /// Code carried in the `call` word (3 bits).
     pub(crate) fn code(self) -> u32 {
