@@ -1,5 +1,6 @@
 //! Per-call overhead of a blocking 8 B all-reduce: on a 1-rank communicator (what the library
-//! itself costs per call: group, tuner, schedule cache, engine, step; no peer to wait for), and
+//! itself costs per call: checks, tuner, schedule cache, the lone call's inline polls, step,
+//! flight record; no peer to wait for), and
 //! on 2 ranks as threads over shared memory (one exchange each way). `bench/RESULTS.md` gives
 //! the instruction counts behind the first (callgrind), which are stable where times are not.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
