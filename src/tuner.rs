@@ -61,6 +61,9 @@ pub fn select(call: &Call, topo: &Topology<'_>, set: &Settings<'_>) -> Result<Al
             )));
         }
         set.algos
+    } else if coll == Coll::Broadcast {
+        restricted = crate::select::restrict(broadcasts(set.algos), sel, coll)?;
+        &restricted
     } else if coll != Coll::AllReduce {
         crate::select::restrict(&[Algo::Ring], sel, coll)?;
         set.algos
@@ -70,6 +73,15 @@ pub fn select(call: &Call, topo: &Topology<'_>, set: &Settings<'_>) -> Result<Al
     };
     Ok(if set.deterministic && coll.reduces() {
         Algo::Ordered
+    } else if coll == Coll::Broadcast {
+        // the chain unless only the star is allowed: back-to-back broadcasts pipeline along
+        // the chain, and the star measured no faster at 4 and 8 ranks on 2 cores (bench/RESULTS.md)
+        let have = if sel.is_restricted() { algos } else { broadcasts(algos) };
+        if have.contains(&Algo::Ring) {
+            Algo::Ring
+        } else {
+            Algo::Star
+        }
     } else if coll != Coll::AllReduce {
         Algo::Ring
     } else if algos.len() == 1 {
@@ -77,6 +89,18 @@ pub fn select(call: &Call, topo: &Topology<'_>, set: &Settings<'_>) -> Result<Al
     } else {
         cheapest(call.bytes, topo, set.model, algos)
     })
+}
+
+/// The broadcasts `algos` allows: the chain (ring) and the star, as far as it allows them (the
+/// chain when it allows neither).
+fn broadcasts(algos: &[Algo]) -> &'static [Algo] {
+    if algos.contains(&Algo::Star) && algos.contains(&Algo::Ring) {
+        &[Algo::Ring, Algo::Star]
+    } else if algos.contains(&Algo::Star) {
+        &[Algo::Star]
+    } else {
+        &[Algo::Ring]
+    }
 }
 
 /// The α-β model's cheapest all-reduce among `algos`.
@@ -182,6 +206,26 @@ mod tests {
         }
         let hosts: Vec<usize> = (0..16).collect();
         assert_ne!(pick(Coll::AllReduce, 8, &hosts, 1.0, AlgoSelection::AUTO, false).unwrap(), Algo::Star);
+    }
+
+    #[test]
+    fn broadcasts_take_the_chain_unless_only_the_star_is_allowed() {
+        for (n, oversub) in [(4, 2.0), (8, 4.0), (8, 1.0)] {
+            assert_eq!(pick(Coll::Broadcast, 8, &vec![0; n], oversub, AlgoSelection::AUTO, false).unwrap(), Algo::Ring);
+        }
+        let model = Tuner::default();
+        let call = Call { coll: Coll::Broadcast, bytes: 8, sel: AlgoSelection::AUTO };
+        let topo = Topology { host_of: &[0; 8], oversub: 4.0, shm_disabled: false };
+        let star_only = [Algo::Star];
+        let set = Settings { algos: &star_only, deterministic: false, model: &model };
+        assert_eq!(select(&call, &topo, &set).unwrap(), Algo::Star);
+        let tree_only = [Algo::Tree];
+        let set = Settings { algos: &tree_only, deterministic: false, model: &model };
+        assert_eq!(select(&call, &topo, &set).unwrap(), Algo::Ring);
+        let star = AlgoSelection::only(&[Algo::Star], true);
+        assert_eq!(pick(Coll::Broadcast, 64 << 20, &[0; 8], 1.0, star, false).unwrap(), Algo::Star);
+        let tree = AlgoSelection::only(&[Algo::Tree], true);
+        assert!(pick(Coll::Broadcast, 8, &[0; 8], 1.0, tree, false).is_err());
     }
 
     #[test]

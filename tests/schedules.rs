@@ -354,10 +354,10 @@ mod props {
 #[test]
 fn other_algorithms_in_the_simulator() {
     for algo in [Algo::RecursiveDoubling, Algo::Ordered, Algo::Tree, Algo::Rabenseifner, Algo::Star] {
-        let colls: &[Coll] = if algo == Algo::Ordered {
-            &[Coll::AllReduce, Coll::ReduceScatter, Coll::Reduce]
-        } else {
-            &[Coll::AllReduce]
+        let colls: &[Coll] = match algo {
+            Algo::Ordered => &[Coll::AllReduce, Coll::ReduceScatter, Coll::Reduce],
+            Algo::Star => &[Coll::AllReduce, Coll::Broadcast],
+            _ => &[Coll::AllReduce],
         };
         for n in 1..=16 {
             for &coll in colls {
@@ -389,7 +389,8 @@ fn other_algorithms_in_the_simulator() {
         for n in [1, 2, 3, 5, 8] {
             for &coll in colls {
                 for dt in DataType::ALL {
-                    for op in oxccl::exact::all_ops(dt) {
+                    let ops = if coll.reduces() { oxccl::exact::all_ops(dt) } else { vec![ReduceOp::Sum] };
+                    for op in ops {
                         for inplace in [false, true] {
                             let case = Case {
                                 coll,

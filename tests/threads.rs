@@ -468,6 +468,11 @@ fn forced_algorithms_run_every_type_and_op_exactly() {
                         check(c, Coll::AllReduce, dt, op, 7, 0, true);
                     }
                 }
+                // the star broadcasts too (the setting allows no chain), from every root
+                for root in 0..n {
+                    check(c, Coll::Broadcast, DataType::I32, ReduceOp::Sum, 3000 + n, root, false);
+                    check(c, Coll::Broadcast, DataType::F16, ReduceOp::Sum, 7, root, true);
+                }
             });
         }
     }

@@ -164,6 +164,7 @@ pub fn build_on(p: &Params, host_of: &[usize]) -> Schedule {
         (Coll::AllReduce, Algo::Rabenseifner) if !one => rabenseifner::rabenseifner(&mut b, p),
         (Coll::AllReduce, Algo::Tree) if !one => tree::double_tree(&mut b, p),
         (Coll::AllReduce, Algo::Star) if !one => star::star(&mut b, p),
+        (Coll::Broadcast, Algo::Star) if !one => star::broadcast(&mut b, p),
         (Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce, Algo::Ordered) if !one => ordered::ordered(&mut b, p),
         (Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce, _) if one => local(&mut b, 0, 0, c, p.avg),
         (Coll::AllReduce, _) => ring::all_reduce(&mut b, p),

@@ -1,5 +1,6 @@
 //! Star all-reduce: every rank sends its message straight to rank 0, which combines them in
-//! rank order and sends the result straight back. Two dependent hand-offs whatever the rank
+//! rank order and sends the result straight back; and the star broadcast, its second half from
+//! any root. Two dependent hand-offs whatever the rank
 //! count (recursive doubling needs log2(n), each of which makes every rank run), for tiny
 //! messages on a host with more ranks than cores, where each hand-off waits for a core
 //! (Open MPI's shared-memory fan-in/fan-out does the same). The root's work grows with n, so
@@ -29,6 +30,26 @@ pub(super) fn star(b: &mut Builder, p: &Params) {
         }
         for q in 1..n {
             b.step(Step { recv: None, src: out(o), dst: None, send: Some(q), count: l, post: false });
+        }
+    }
+}
+
+/// Star broadcast: the root sends each chunk straight to root+1, root+2, ... in turn (one
+/// hand-off to every rank, where the chain needs n-1 in a row); the others receive it into
+/// their output.
+pub(super) fn broadcast(b: &mut Builder, p: &Params) {
+    let (n, r, c, ch, root) = (p.nranks, p.rank, p.count, p.chunk, p.root);
+    for k in 0..c.div_ceil(ch) {
+        let (o, l) = chunk_of(0, c, k, ch);
+        if r != root {
+            b.step(Step { recv: Some(root), src: None, dst: out(o), send: None, count: l, post: false });
+            continue;
+        }
+        // the root's own copy (none in place) goes with its first send
+        let first = (root + 1) % n;
+        b.step(Step { recv: None, src: inp(o), dst: out(o), send: Some(first), count: l, post: false });
+        for q in (2..n).map(|i| (root + i) % n) {
+            b.step(Step { recv: None, src: inp(o), dst: None, send: Some(q), count: l, post: false });
         }
     }
 }
