@@ -10,7 +10,7 @@ use crate::types::{Element, ReduceOp};
 use crate::Result;
 use smallvec::SmallVec;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A short list kept inline: a blocking call (one op, one communicator) allocates nothing for
 /// its group, its communicators or its runs.
@@ -167,27 +167,12 @@ impl<'a> Group<'a> {
 /// The progress policy of a call on `shareds` that began at `now`: the longest timeout, spin
 /// and yield of its communicators, the shortest report and status periods.
 pub(crate) fn policy(shareds: &[&Shared], now: Instant) -> Policy {
-    let one = |sh: &Shared| Policy {
-        spin: sh.spin,
-        yield_for: sh.yield_for,
-        deadline: now + sh.cfg.timeout,
-        report: sh.cfg.wait_report,
-        started: now,
-        status: sh.cfg.watch.status_after,
-    };
-    let least = |a: Option<Duration>, b: Option<Duration>| a.into_iter().chain(b).min();
-    let mut p = one(shareds[0]);
-    for q in shareds[1..].iter().map(|sh| one(sh)) {
-        p = Policy {
-            spin: p.spin.max(q.spin),
-            yield_for: p.yield_for.max(q.yield_for),
-            deadline: p.deadline.max(q.deadline),
-            report: least(p.report, q.report),
-            started: now,
-            status: least(p.status, q.status),
-        };
-    }
-    p
+    let deadline = shareds.iter().map(|sh| now + sh.cfg.timeout).max().unwrap();
+    let spin = shareds.iter().map(|sh| sh.spin).max().unwrap();
+    let yield_for = shareds.iter().map(|sh| sh.yield_for).max().unwrap();
+    let report = shareds.iter().filter_map(|sh| sh.cfg.wait_report).min();
+    let status = shareds.iter().filter_map(|sh| sh.cfg.watch.status_after).min();
+    Policy { spin, yield_for, deadline, report, started: now, status }
 }
 
 /// The end of a call: every op's completion noted, and a failure named after the operation it
