@@ -271,10 +271,9 @@ fn prepare_op<'a>(
 ) -> Result<(OpRun<'a>, bool)> {
     let sh = &*c.sh;
     let t = take(sh, &mut sh.state.lock().unwrap(), check, &d, &opts, Some(algo))?;
-    sh.record(t.seq, t.fp, opts.profiler_tag, t.sched.clone(), now);
     let mut run = OpRun::new(ci, sh.rank, sh.nranks, sh.comm_id, t.seq, t.fp, t.sched, mem);
     run.obs = crate::exec::Observe::new(now, opts.profiler_tag);
-    run.obs.recorded = true;
+    sh.record(&mut run);
     Ok((run, t.connected))
 }
 

@@ -6,7 +6,7 @@
 
 use super::group::{conclude, connect, policy, take};
 use super::*;
-use crate::exec::{drive, quick_polls, DriveComm, Observe, OpRun};
+use crate::exec::{drive, quick_polls, Observe, OpRun};
 use crate::select::CallOptions;
 use crate::Result;
 use std::time::Instant;
@@ -33,7 +33,7 @@ impl Communicator {
         let res = match quick {
             Ok(true) => Ok(()),
             Ok(false) => {
-                sh.to_engine(&mut run);
+                sh.record(&mut run);
                 drive(&[sh], std::slice::from_mut(&mut run), policy(&[sh], now))
             }
             Err(e) => Err(e),

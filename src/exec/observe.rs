@@ -26,7 +26,7 @@ pub struct Observe {
     /// The caller's profiler tag (0: none).
     pub tag: u64,
     /// Whether the flight recorder has it yet: a lone blocking call is recorded only when it
-    /// goes to the engine to wait ([`crate::exec::DriveComm::to_engine`]), or when it ends.
+    /// goes to the engine to wait, or when it ends.
     pub recorded: bool,
 }
 

@@ -24,9 +24,6 @@ pub trait DriveComm {
     fn abort_fd(&self) -> i32;
     /// The rank, for messages.
     fn rank(&self) -> usize;
-    /// A lone blocking operation did not complete in its quick polls and goes to the engine to
-    /// wait ([`super::quick_polls`]): note it now where it is watched (the flight recorder).
-    fn to_engine(&self, _run: &mut OpRun<'_>) {}
     /// Collective `seq` has waited long and is within [`CENSUS_LEAD`] of its deadline: the
     /// timeout census may begin, so that it is complete at the deadline.
     fn near_deadline(&self, _seq: u64) {}

@@ -138,13 +138,6 @@ impl DriveComm for Shared {
     fn aborted(&self) -> bool {
         self.stopped()
     }
-    fn to_engine(&self, run: &mut crate::exec::OpRun<'_>) {
-        if !run.obs.recorded {
-            let start = run.obs.entered.unwrap_or_else(Instant::now);
-            self.record(run.seq, run.fp, run.obs.tag, run.sched.clone(), start);
-            run.obs.recorded = true;
-        }
-    }
     fn failure(&self) -> Option<Error> {
         if self.aborted.load(Ordering::SeqCst) {
             return Some(Error::comm_aborted().with_rank(self.rank));

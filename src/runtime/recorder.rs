@@ -18,6 +18,14 @@ pub(crate) struct Record {
     pub(crate) failed: bool,
 }
 
+impl Record {
+    /// `run`'s entry from `start` on, not ended.
+    pub(super) fn begun(run: &crate::exec::OpRun<'_>, start: Instant) -> Record {
+        let (seq, fp, tag, sched) = (run.seq, run.fp, run.obs.tag, run.sched.clone());
+        Record { seq, fp, tag, sched, start, end: None, failed: false }
+    }
+}
+
 /// How many operations the flight recorder keeps per communicator.
 pub(crate) const RECORDS: usize = 64;
 
@@ -68,15 +76,15 @@ impl Book {
 }
 
 impl Shared {
-    pub(crate) fn record(
-        &self,
-        seq: u64,
-        fp: Fingerprint,
-        tag: u64,
-        sched: Arc<crate::schedule::Schedule>,
-        start: Instant,
-    ) {
-        self.recorder.lock().unwrap().push(Record { seq, fp, tag, sched, start, end: None, failed: false });
+    /// Note `run` in the flight recorder, once, from when it was entered: a group's op when it
+    /// is prepared, a lone call's when it goes to the engine to wait (one that never does is
+    /// noted at its end, [`Shared::completed`]).
+    pub(crate) fn record(&self, run: &mut crate::exec::OpRun<'_>) {
+        if !run.obs.recorded {
+            let start = run.obs.entered.unwrap_or_else(Instant::now);
+            self.recorder.lock().unwrap().push(Record::begun(run, start));
+            run.obs.recorded = true;
+        }
     }
 
     /// Write the flight record (`<dir>/oxccl-<comm>-rank<r>.json`, [`crate::flight`]): the last

@@ -38,13 +38,9 @@ impl Shared {
                 true => book.end(r.seq, r.fp, done, end),
                 // (a lone call that completed or failed in its quick polls is recorded only now)
                 false => book.push(super::recorder::Record {
-                    seq: r.seq,
-                    fp: r.fp,
-                    tag: r.obs.tag,
-                    sched: r.sched.clone(),
-                    start: r.obs.entered.unwrap_or(end),
                     end: Some(end),
                     failed: !done,
+                    ..super::recorder::Record::begun(r, r.obs.entered.unwrap_or(end))
                 }),
             }
             if !done {
