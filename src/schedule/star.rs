@@ -1,10 +1,9 @@
 //! Star all-reduce: every rank sends its message straight to rank 0, which combines them in
 //! rank order and sends the result straight back; and the star broadcast, its second half from
-//! any root. Two dependent hand-offs whatever the rank
-//! count (recursive doubling needs log2(n), each of which makes every rank run), for tiny
-//! messages on a host with more ranks than cores, where each hand-off waits for a core
-//! (Open MPI's shared-memory fan-in/fan-out does the same). The root's work grows with n, so
-//! the tuner keeps it to small messages.
+//! any root. Two dependent hand-offs whatever the rank count (recursive doubling needs log2(n),
+//! each of which makes every rank run), for tiny messages on a host with more ranks than cores,
+//! where each hand-off waits for a core (Open MPI's shared-memory fan-in/fan-out does the
+//! same). The root's work grows with n, so the tuner keeps it to small messages.
 
 use super::*;
 
