@@ -131,6 +131,23 @@ fn job(port: u16, extra: &[(&str, String)]) -> Vec<Output> {
     ranks.into_iter().map(|c| c.wait_with_output().unwrap()).collect()
 }
 
+/// Wait until `tcpdump` says it is capturing ("listening on ..." on its stderr; a fixed pause
+/// was too short once under CI's load, and the capture missed most of the job), then keep
+/// draining its stderr so that it never blocks on it.
+fn capturing(dump: &mut Child) {
+    use std::io::BufRead;
+    let err = std::io::BufReader::new(dump.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("tcpdump did not start capturing within 30 s");
+}
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
@@ -151,15 +168,17 @@ fn encryption_keeps_the_payload_off_the_wire() {
         [("off", vec![]), ("psk", psk), ("uid", vec![("OXCCL_ENCRYPT", "uid".into())])].into_iter().enumerate()
     {
         let pcap = std::env::temp_dir().join(format!("oxccl-wire-{name}-{}.pcap", std::process::id()));
-        // frames bridged between two ports show on each port, never on the bridge itself
+        // frames bridged between two ports show on each port, never on the bridge itself; a
+        // 64 MiB capture buffer keeps every frame (the default 2 MiB dropped up to two thirds
+        // of the job's ~10 MB here)
         let mut dump = Command::new("tcpdump")
-            .args(["-i", "cclt-v1", "-U", "-s", "0", "-w"])
+            .args(["-i", "cclt-v1", "-U", "-s", "0", "-B", "65536", "-w"])
             .arg(&pcap)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("tcpdump (apt-get install tcpdump)");
-        std::thread::sleep(Duration::from_millis(1000));
+        capturing(&mut dump);
         let outs = job(29_800 + i as u16, &env);
         std::thread::sleep(Duration::from_millis(500));
         let _ = Command::new("kill").args(["-INT", &dump.id().to_string()]).status();
