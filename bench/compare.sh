@@ -3,6 +3,9 @@
 # this machine, interleaved (every config once per round, REPS rounds), then bench/report.py
 # writes bench/RESULTS.md and the SVG charts from the medians.
 # Usage: bench/compare.sh [REPS=5] [SETS="shm tcp"]      (root: installs Open MPI/MPICH, uses netns)
+# CONFIGS="oxccl-ag-shm-2 ompi-ag-shm-2 ..." bench/compare.sh 11: only those configurations (names
+# as in run() below), for more rounds of the cells in doubt; prints each one's median and range
+# per size and leaves bench/RESULTS.md alone.
 # SETS may also name "ofi": oxccl's RDMA protocol over libfabric against oxccl's TCP and Open
 # MPI's ofi MTL and TCP BTL on 2 and 4 namespace hosts; run alone, it replaces only its section
 # of bench/RESULTS.md.
@@ -14,6 +17,7 @@ OUT="${OUT:-${TMPDIR:-/tmp}/oxccl-compare}"
 REPS="${1:-5}"
 SETS="${2:-shm tcp}"
 SIZES="${SIZES:-8,4K,64K,1M,16M,64M,256M}"
+CONFIGS_ONLY="${CONFIGS:-}"
 mkdir -p "$OUT"; rm -f "$OUT"/*.txt
 # oxccl-perf runs a fixed number of iterations per size (as nccl-tests does), while the MPI and
 # Gloo anchors pick theirs for 0.25 s per size: small sizes get many iterations, large ones few,
@@ -101,6 +105,7 @@ run() { # config name -> one run
 }
 
 CONFIGS=""
+[ -z "$CONFIGS_ONLY" ] || SETS=""
 for s in $SETS; do
   case "$s" in
     shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 gloo-ag-lo-2 oxccl-rs-shm-2 ompi-rs-shm-2 gloo-rs-lo-2 oxccl-bc-shm-2 ompi-bc-shm-2 gloo-bc-lo-2 oxccl-shm-4 ompi-shm-4 mpich-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8 mpich-shm-8 gloo-lo-8" ;;
@@ -111,6 +116,10 @@ for s in $SETS; do
          [ "$NETNS_UP" = 1 ] || { "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1; } ;;
   esac
 done
+if [ -n "$CONFIGS_ONLY" ]; then
+  CONFIGS="$CONFIGS_ONLY"
+  case "$CONFIGS" in *tcp*|*ofi*) [ "$NETNS_UP" = 1 ] || { "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1; } ;; esac
+fi
 for rep in $(seq 1 "$REPS"); do
   for cfg in $CONFIGS; do
     echo "== round $rep $cfg"
@@ -121,4 +130,8 @@ done
   echo "- kernel $(uname -r), $(grep MemTotal /proc/meminfo | awk '{printf "%.0f GiB", $2/1048576}') memory"
   echo "- $(mpirun.openmpi --version 2>/dev/null | head -1); $(mpirun.mpich --version 2>/dev/null | grep -m1 Version | xargs); torch $("$PY" -c 'import torch; print(torch.__version__)')"
   echo "- date $(date -u +%F), $REPS interleaved rounds"; } > "$OUT/machine.txt"
-python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/bench"
+if [ -n "$CONFIGS_ONLY" ]; then
+  python3 "$ROOT/bench/report.py" --cells "$OUT"
+else
+  python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/bench"
+fi

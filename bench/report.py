@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """report.py OUT_DIR BENCH_DIR - turn bench/compare.sh runs into bench/RESULTS.md and SVG charts.
+report.py --cells OUT_DIR - print each configuration's median and range per size (no files written).
 
 Each OUT_DIR/<config>.run<N>.txt is one run. Data lines of oxccl-perf, mpi_allreduce_bench and
 gloo_allreduce_bench share the nccl-tests columns (size count type redop X time_us algbw busbw ...);
@@ -139,7 +140,25 @@ def net_section(data, machine, rounds):
     return "\n".join(md)
 
 
+def spreads(out):
+    """Each configuration's median and range per size (8 B: time in µs; larger: busbw in GB/s)
+    over the rounds in `out`, for a run of chosen configurations (compare.sh with CONFIGS)."""
+    data, _ = parse(out)
+    print("| config | size | rounds | median | min | max |")
+    print("|---|---|---|---|---|---|")
+    for cfg in sorted(data):
+        for size in sorted(data[cfg]):
+            idx = 0 if size <= 8 else 1
+            vals = sorted(r[idx] for r in data[cfg][size])
+            unit = " µs" if idx == 0 else " GB/s"
+            print(f"| {cfg} | {human(size)} | {len(vals)} | {fmt(statistics.median(vals), unit)} | "
+                  f"{fmt(vals[0])} | {fmt(vals[-1])} |")
+
+
 def main():
+    if sys.argv[1] == "--cells":
+        spreads(sys.argv[2])
+        return
     out, bench = sys.argv[1], sys.argv[2]
     results = os.path.join(bench, "RESULTS.md")
     old = open(results).read() if os.path.exists(results) else ""
