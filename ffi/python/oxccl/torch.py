@@ -271,6 +271,11 @@ class Impl(Ops, Moves, Elastic):
             comm, self._comm = self._comm, None
             comm.abort()
             self._queue.put(None)
+            # the aborted operations fail at once; wait (bounded) for the worker to hand them
+            # over and end, so that a process leaving right after the abort does not finalize
+            # the interpreter under a worker still completing them (which would abort it)
+            if threading.current_thread() is not self._worker:
+                self._worker.join(timeout=min(10.0, self._timeout.total_seconds()))
 
 
 def _group_of(impl, store, name):

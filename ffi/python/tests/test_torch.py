@@ -1,5 +1,5 @@
 """PyTorch tests of the "oxccl" backend (CPU): every operation checked exactly, async works and
-futures, the group's timeout, an FSDP2-style all_gather_into_tensor/reduce_scatter_tensor round
+futures, the group's timeout, abort, an FSDP2-style all_gather_into_tensor/reduce_scatter_tensor round
 trip, and DDP training for 20 steps with 2 and 3 ranks compared with Gloo.
 
 Run: python ffi/python/tests/test_torch.py   (.ci/run does, with torch from its venv)
@@ -174,6 +174,29 @@ def timeout_worker(rank, world, port):
         print(f"rank {rank}: timed out after {took:.1f} s: {msg[:300]}", flush=True)
 
 
+def abort_worker(rank, world, port):
+    setup(rank, world, port, "oxccl")
+    if rank == 1:
+        time.sleep(2)  # never joins the all_reduce
+        dist.destroy_process_group()
+        return
+    import oxccl.torch as ot
+
+    work = dist.all_reduce(torch.ones(4), async_op=True)  # runs on the backend's worker, waits
+    time.sleep(0.2)
+    impl = ot.backend_impl()
+    t0 = time.time()
+    impl.abort()
+    took = time.time() - t0
+    # the worker has handed the failure over and ended: the process may leave at once
+    assert not impl._worker.is_alive() and work.is_completed() and not work.is_success()
+    try:
+        work.wait()
+        raise AssertionError("the aborted all_reduce should have failed")
+    except RuntimeError as e:
+        print(f"rank 0: abort took {took:.2f} s; the all_reduce failed: {str(e)[:200]}", flush=True)
+
+
 def fsdp_worker(rank, world, port):
     setup(rank, world, port, "oxccl")
     shard = torch.arange(5, dtype=torch.float32) + 10 * rank
@@ -229,6 +252,8 @@ def main():
     print("fsdp: all_gather_into_tensor / reduce_scatter_tensor round trip", flush=True)
     run(timeout_worker, 2)
     print("timeout: the group's timeout is honoured", flush=True)
+    run(abort_worker, 2)
+    print("abort: the running operation fails and the worker has ended when abort returns", flush=True)
     with tempfile.TemporaryDirectory() as d:
         for world in (2, 3):
             res = {}
