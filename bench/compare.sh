@@ -52,6 +52,7 @@ PY="$VENV/bin/python"
 MPIRUN="mpirun.openmpi --mca pml ob1"
 NETNS_UP=0
 cleanup() { [ "$NETNS_UP" = 1 ] && "$SHARED/netns/netns_down.sh" >/dev/null 2>&1 || true; }
+netns() { [ "$NETNS_UP" = 1 ] || { "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1; }; } # 4 hosts, once
 trap cleanup EXIT
 
 mpi_netns() { # n: an MPMD command line with one rank per namespace host
@@ -110,15 +111,15 @@ for s in $SETS; do
   case "$s" in
     shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 gloo-ag-lo-2 oxccl-rs-shm-2 ompi-rs-shm-2 gloo-rs-lo-2 oxccl-bc-shm-2 ompi-bc-shm-2 gloo-bc-lo-2 oxccl-shm-4 ompi-shm-4 mpich-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8 mpich-shm-8 gloo-lo-8" ;;
     tcp) CONFIGS="$CONFIGS iperf-tcp-2 oxccl-tcp-2 ompi-tcp-2 gloo-tcp-2 oxccl-tcp-4 ompi-tcp-4 gloo-tcp-4"
-         "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1 ;;
+         netns ;;
     ofi) CONFIGS="$CONFIGS oxccl-ofi-2 oxccl-tcp-2 ompi-ofi-2 ompi-tcp-2 oxccl-ofi-4 oxccl-tcp-4 ompi-ofi-4 ompi-tcp-4"
          command -v fi_info >/dev/null || apt-get install -y -qq libfabric-bin >/dev/null
-         [ "$NETNS_UP" = 1 ] || { "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1; } ;;
+         netns ;;
   esac
 done
 if [ -n "$CONFIGS_ONLY" ]; then
   CONFIGS="$CONFIGS_ONLY"
-  case "$CONFIGS" in *tcp*|*ofi*) [ "$NETNS_UP" = 1 ] || { "$SHARED/netns/netns_up.sh" -n 4 >/dev/null; NETNS_UP=1; } ;; esac
+  case "$CONFIGS" in *tcp*|*ofi*) netns ;; esac
 fi
 for rep in $(seq 1 "$REPS"); do
   for cfg in $CONFIGS; do
