@@ -9,7 +9,7 @@
 # processes), oxccl-perf on device buffers with 2 and 4 ranks (with device memcpy and
 # reduce-kernel bandwidth measured in the same run), and a PyTorch DDP step on CUDA tensors over
 # the oxccl backend and over ProcessGroupNCCL with oxccl's libnccl.so.2 in LD_PRELOAD. Each step
-# is time-boxed (370 s in all at worst; a few minutes normally); a summary table comes last, and
+# is time-boxed (590 s in all at worst; a few minutes normally); a summary table comes last, and
 # the exit status is non-zero if a step failed.
 #
 # OXCCL_GPU_CHECK_SIM=<folder of the simulated libcuda.so.1> (target/release/cuda-sim) runs the
@@ -47,6 +47,16 @@ for d in "$CUDA_HOME/lib64" $(python3 -c 'import nvidia.cuda_nvrtc, os; print(os
 done
 echo "CUDA_HOME=$CUDA_HOME OXCCL_NVRTC_DIR=${OXCCL_NVRTC_DIR:-none}"
 
+# the torch backend's C++ part compiles (about a minute) while the steps below run; the PyTorch
+# steps wait for it
+export PYTHONPATH="$ROOT/ffi/python${PYTHONPATH:+:$PYTHONPATH}" OXCCL_LIBRARY="$B/libnccl.so.2"
+export OXCCL_TORCH_EXT_DIR="${OXCCL_TORCH_EXT_DIR:-$OUT/torch-ext}"
+if [ -z "$SIM" ]; then
+  rm -f "$OUT/ext-build.rc"
+  (timeout 240 python3 -c 'from oxccl import _ext; print(_ext.load())' > "$OUT/ext-build.log" 2>&1
+   echo $? > "$OUT/ext-build.rc") &
+fi
+
 step "device tests: 1, 2, 4 ranks on one GPU, every collective/type/op" 100 \
   env OXCCL_REQUIRE_GPU=1 OXCCL_DEVICE_TEST_RANKS=1,2,4 "$B/device-test" --nocapture --test-threads 1
 
@@ -65,19 +75,24 @@ step "oxccl-perf --device, 2 ranks, all-reduce 8 B..$MAX" 40 \
 step "oxccl-perf --device, 4 ranks, all-reduce 8 B..$MAX" 40 \
   "$B/oxccl-perf" --device --np 4 -b 8 -e "$MAX" -f 4 -n 20 -w 5 -c 1
 SMAX=${SIM:+4M}; SMAX=${SMAX:-64M}
-step "oxccl-perf --device, 2 ranks, staged (OXCCL_CUDA_IPC=0) 1 MiB..$SMAX" 20 \
-  env OXCCL_CUDA_IPC=0 "$B/oxccl-perf" --device --np 2 -b 1M -e "$SMAX" -f 8 -n 10 -w 2 -c 1
+step "oxccl-perf --device, 2 ranks, staged (OXCCL_CUDA_IPC=0) 8 B..$SMAX" 30 \
+  env OXCCL_CUDA_IPC=0 "$B/oxccl-perf" --device --np 2 -b 8 -e "$SMAX" -f 8 -n 10 -w 2 -c 1
+step "oxccl-perf --device, 2 ranks, 8 B latency and where the worker's time goes" 20 \
+  "$B/oxccl-perf" --device --np 2 -b 8 -e 8 -n 500 -w 50 -c 1
 
-export PYTHONPATH="$ROOT/ffi/python${PYTHONPATH:+:$PYTHONPATH}" OXCCL_LIBRARY="$B/libnccl.so.2"
-[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 40 \
+[ -n "$SIM" ] || step "PyTorch: the oxccl backend's C++ part, built against this torch" 150 \
+  bash -c 'while [ ! -e "$1" ]; do sleep 1; done; cat "$2"; exit "$(cat "$1")"' _ "$OUT/ext-build.rc" "$OUT/ext-build.log"
+# a hang names itself (OXCCL_TIMEOUT) and prints the Python stacks before the step's box ends
+export OXCCL_TIMEOUT=25
+[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 60 \
   python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29571 "$ROOT/cuda/gpu_ddp.py" --backend oxccl
-[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 40 \
-  env LD_PRELOAD="$B/libnccl.so.2" python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29572 \
+[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 60 \
+  env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$B/libnccl.so.2" python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29572 \
   "$ROOT/cuda/gpu_ddp.py" --backend nccl
 
 echo; echo "=== summary ($(date -u +%F), $(cat "$OUT/gpu.txt" | head -1))"
 printf '| %-80s | %-16s |\n' "check" "result"
 for i in "${!NAMES[@]}"; do printf '| %-80s | %-16s |\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
-grep -h "^# Device" "$OUT"/step*.log | head -2
+grep -h "^# Device" "$OUT"/step*.log | head -8
 grep -h -E "^ +268435456 " "$OUT"/step*.log | head -3
 for r in "${RESULTS[@]}"; do case "$r" in PASS*) ;; *) exit 1 ;; esac; done

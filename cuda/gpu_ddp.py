@@ -7,6 +7,7 @@ all-reduce of integer-valued floats.
 """
 
 import argparse
+import faulthandler
 import os
 
 import torch
@@ -18,6 +19,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="oxccl")
     args = ap.parse_args()
+    # a hang shows where each rank stands before gpu-check.sh's box for the step ends
+    faulthandler.dump_traceback_later(45, exit=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     torch.cuda.set_device(dev)
@@ -48,6 +51,7 @@ def main():
     if rank == 0:
         print(f"DDP over {args.backend} ({world} ranks, CUDA tensors): 5 steps, parameters identical, exact all-reduce OK")
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ mod without_cuda {
         pub(crate) fn new(_comm: &std::sync::Arc<Communicator>, _o: &Opts) -> oxccl::Result<DevCtx> {
             Err(Error::new(ErrorKind::Unavailable, "this oxccl-perf was built without the `cuda` feature"))
         }
+        pub(crate) fn phases(&self) -> String {
+            match *self {}
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -82,6 +85,13 @@ mod with_cuda {
                 a: oxccl_cuda::driver::DeviceBuffer::zeroed(bytes)?,
                 b: oxccl_cuda::driver::DeviceBuffer::zeroed(bytes)?,
             })
+        }
+    }
+
+    impl DevCtx {
+        /// Where this process's device worker spent its time (mean per operation, per phase).
+        pub(crate) fn phases(&self) -> String {
+            oxccl_cuda::phases::report()
         }
     }
 

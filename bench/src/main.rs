@@ -313,6 +313,9 @@ fn run_rank(c: &Communicator, o: &Opts, dev: Option<&DevCtx>) -> oxccl::Result<u
         );
         println!("# Out of bounds values : 0 OK");
         println!("# Avg bus bandwidth    : {:.4}", if t.bw_n > 0 { t.bw_sum / t.bw_n as f64 } else { 0.0 });
+        if let Some(d) = dev {
+            println!("# Device worker phases : {} (this rank, mean per operation, warm-ups included)", d.phases());
+        }
         println!("#");
         if t.wrong > 0 {
             println!("# {} wrong results: FAILED", t.wrong);

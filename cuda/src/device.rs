@@ -1,12 +1,15 @@
 //! Device buffers on the caller's stream.
 //!
 //! [`DeviceComm::enqueue`] follows NCCL's stream semantics: it records an event on the caller's
-//! stream (the operation's inputs are ready when it fires), enqueues a *gate* host function on
-//! the same stream (work enqueued after the call waits for the operation), hands the job to the
-//! communicator's worker thread and returns at once. The worker sleeps on the event
-//! (`CU_EVENT_BLOCKING_SYNC`: no busy loop), runs the operation, then opens the gate. CUDA work
+//! stream (the operation's inputs are ready when it fires), enqueues a *gate* on the same stream
+//! (work enqueued after the call waits for the operation), hands the job to the communicator's
+//! worker thread and returns at once. The gate is a `cuStreamWaitValue32` on a word of pinned
+//! host memory: job k waits until the word reaches k. The worker sleeps on the event
+//! (`CU_EVENT_BLOCKING_SYNC`: no busy loop), runs the operation, then stores k. CUDA work
 //! before the call is therefore ordered before it and work after it is ordered after it;
-//! completion is observed by synchronising the stream.
+//! completion is observed by synchronising the stream. (A blocking CUDA host function would not
+//! do as the gate: the driver runs every stream's host functions on one thread, so one rank's
+//! parked gate would stop another rank's stream in the same process.)
 //!
 //! Two executors, chosen identically by every rank (the choice is agreed on by the ranks):
 //! - **CUDA IPC one-shot** (all ranks on one host, at most 8, all-reduce, reduce-scatter,
@@ -26,11 +29,12 @@
 
 use crate::driver::{self, Event, Memory, Pinned, Stream};
 use crate::kernels::{self, KernelArgs, MAX_PTRS};
+use crate::phases::{self, Phase};
 use oxccl::OpMem;
 use oxccl::{CallOptions, Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The host communicator a [`DeviceComm`] runs on (implemented by [`Communicator`]; the C ABI
 /// implements it for its handle table entries).
@@ -146,39 +150,13 @@ impl<T: oxccl::Element> DeviceSlice<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UserStream(pub usize);
 
-struct Gate {
-    open: Mutex<bool>,
-    cv: Condvar,
-    limit: Duration,
-}
-
-impl Gate {
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.cv.notify_all();
-    }
-}
-
-/// The host function parked on the user's stream until the operation is done.
-unsafe extern "C" fn gate_fn(p: *mut libc::c_void) {
-    // SAFETY: `p` came from Arc::into_raw in `enqueue`, and this function runs exactly once.
-    let g: Arc<Gate> = unsafe { Arc::from_raw(p as *const Gate) };
-    let mut open = g.open.lock().unwrap();
-    let deadline = Instant::now() + g.limit;
-    while !*open {
-        let now = Instant::now();
-        if now >= deadline {
-            // bounded: the worker records the error; the stream goes on rather than hanging
-            break;
-        }
-        open = g.cv.wait_timeout(open, deadline - now).unwrap().0;
-    }
-}
-
 struct Job {
     ops: Vec<(OpDesc, CallOptions, DevMem)>,
     ready: Event,
-    gate: Arc<Gate>,
+    /// The gate value that releases the caller's stream once the job is done.
+    seq: u32,
+    /// When it was enqueued.
+    queued: Instant,
 }
 
 /// The worker's queue and what it is doing, under one lock (`drain` and the worker read both).
@@ -188,6 +166,8 @@ struct Queue {
     /// The worker holds a job it took from `jobs`.
     busy: bool,
     shutdown: bool,
+    /// The gate value of the job enqueued last.
+    last_seq: u32,
 }
 
 struct Inner {
@@ -199,6 +179,8 @@ struct Inner {
     /// `OXCCL_CUDA_IPC` not `0` (fixed for the communicator's life, so every rank decides alike).
     ipc_allowed: bool,
     queue: Mutex<Queue>,
+    /// The callers' streams wait on it; the worker stores each finished job's `seq`.
+    gate: driver::GateWord,
     /// Signalled when a job is queued or shutdown is asked (the worker waits on it).
     work: Condvar,
     /// Signalled when the worker finishes a job (`drain` waits on it).
@@ -246,6 +228,7 @@ impl DeviceComm {
             module,
             ipc_allowed,
             queue: Mutex::new(Queue::default()),
+            gate: driver::GateWord::new()?,
             work: Condvar::new(),
             idle: Condvar::new(),
             error: Mutex::new(None),
@@ -325,16 +308,15 @@ impl DeviceComm {
             let ready = Event::new()?;
             // SAFETY: as above.
             unsafe { ready.record(stream)? };
-            let limit = self.host().config().timeout + Duration::from_secs(5);
-            let gate = Arc::new(Gate { open: Mutex::new(false), cv: Condvar::new(), limit });
-            let raw = Arc::into_raw(gate.clone()) as *mut libc::c_void;
-            // SAFETY: `raw` is an Arc reference that gate_fn takes back; gate_fn calls no CUDA.
-            if let Err(e) = unsafe { driver::launch_host_func(stream, gate_fn, raw) } {
-                // SAFETY: the host function was not enqueued: reclaim the reference.
-                drop(unsafe { Arc::from_raw(raw as *const Gate) });
-                return Err(e);
-            }
-            self.inner.queue.lock().unwrap().jobs.push_back(Job { ops, ready, gate });
+            // the gate values follow the queue's order (taken under its lock), so the worker
+            // stores them in increasing order
+            let mut q = self.inner.queue.lock().unwrap();
+            let seq = q.last_seq.wrapping_add(1);
+            // SAFETY: as above; the word lives as long as `inner`, which outlives the worker.
+            unsafe { self.inner.gate.wait(stream, seq)? };
+            q.last_seq = seq;
+            q.jobs.push_back(Job { ops, ready, seq, queued: Instant::now() });
+            drop(q);
             self.inner.work.notify_one();
             Ok(())
         })
@@ -429,8 +411,10 @@ impl DeviceComm {
 impl Drop for DeviceComm {
     fn drop(&mut self) {
         if self.generation != oxccl::fork_generation() {
-            // inherited through fork: the worker thread exists in the parent only
+            // inherited through fork: the worker thread exists in the parent only, and CUDA
+            // cannot be used here to free the gate's memory
             std::mem::forget(self.worker.take());
+            std::mem::forget(self.inner.clone());
             return;
         }
         self.inner.queue.lock().unwrap().shutdown = true;
@@ -475,6 +459,7 @@ fn worker_main(inner: Arc<Inner>) {
             }
         };
         let Some(job) = job else { break };
+        phases::add(Phase::Queue, job.queued);
         let already_failed = inner.error.lock().unwrap().is_some();
         let r = match w.as_mut() {
             Some(w) if !already_failed => {
@@ -491,7 +476,7 @@ fn worker_main(inner: Arc<Inner>) {
             tracing::error!("oxccl device operation failed: {e}");
             inner.error.lock().unwrap().get_or_insert(e);
         }
-        job.gate.open();
+        inner.gate.set(job.seq);
         inner.queue.lock().unwrap().busy = false;
         inner.idle.notify_all();
     }
@@ -502,7 +487,9 @@ fn worker_main(inner: Arc<Inner>) {
 
 fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
     let comm = inner.host.comm();
+    let t = Instant::now();
     job.ready.wait()?;
+    phases::add(Phase::Ready, t);
     if job.ops.len() == 1 {
         let (d, o, m) = job.ops[0];
         if inner.ipc_allowed && one_shot(d.coll) && !o.algos.is_restricted() {
@@ -530,6 +517,7 @@ const REC: usize = 4 + 4 + 4 + 4 + 64 + 8 + 64 + 8 + 8 + 8;
 #[allow(clippy::needless_range_loop)] // parallel arrays indexed by rank
 fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Result<()>> {
     let comm = inner.host.comm();
+    let t = Instant::now();
     let (n, r) = (comm.size(), comm.rank());
     let es = d.dtype.size();
     let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
@@ -562,10 +550,12 @@ fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Resu
         put(&mut rec, 160 + k * 8, &p.to_le_bytes());
     }
     put(&mut rec, 8, &ok.to_le_bytes());
+    let t = phases::add(Phase::Export, t);
     let mut all = vec![0u8; REC * n];
     if let Err(e) = comm.all_gather(&rec, &mut all) {
         return Some(Err(e));
     }
+    let t = phases::add(Phase::Exchange, t);
     let field = |q: usize, at: usize, len: usize| &all[q * REC + at..q * REC + at + len];
     let u32_at = |q: usize, at: usize| u32::from_le_bytes(field(q, at, 4).try_into().unwrap());
     let u64_at = |q: usize, at: usize| u64::from_le_bytes(field(q, at, 8).try_into().unwrap());
@@ -614,11 +604,14 @@ fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Resu
     if flag[0] == 0 {
         return None;
     }
+    let t = phases::add(Phase::Map, t);
     let res = launch_one_shot(inner, w, d, &addr);
+    let t = phases::add(Phase::Kernel, t);
     // nobody's gate opens (and nobody reuses its buffers) while a peer may still touch them;
     // a kernel failure anywhere fails the operation everywhere
     let mut flag = [u8::from(res.is_ok())];
     let agreed = comm.all_reduce_inplace(&mut flag, ReduceOp::Min);
+    phases::add(Phase::Agree, t);
     Some(res.and(agreed).and_then(|_| {
         if flag[0] == 1 {
             Ok(())
@@ -742,12 +735,14 @@ fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, CallOptions, DevM
         regions.push((at, at + pi, m.input(ni * es), at + po, m.output(no * es)));
         at += size;
     }
+    let t = Instant::now();
     for &(_, pi, (ip, il), ..) in &regions {
         // SAFETY: pinned memory of `total` bytes holds every window; the device addresses are
         // the caller's (enqueue's contract).
         unsafe { driver::copy_d2h(pin.add(pi), ip, il, w.stream.raw())? };
     }
     w.stream.sync()?;
+    let t = phases::add(Phase::CopyIn, t);
     let mut g = Group::new();
     for ((d, o, m), &(base, ..)) in ops.iter().zip(&regions) {
         // SAFETY: each operation gets a disjoint region of the pinned buffer, which only this
@@ -763,9 +758,12 @@ fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, CallOptions, DevM
         g.add_with(comm, *d, *o, mem)?;
     }
     g.run()?;
+    let t = phases::add(Phase::Host, t);
     for &(.., po, (op, ol)) in &regions {
         // SAFETY: as for the copies in.
         unsafe { driver::copy_h2d(op, pin.add(po), ol, w.stream.raw())? };
     }
-    w.stream.sync()
+    w.stream.sync()?;
+    phases::add(Phase::CopyOut, t);
+    Ok(())
 }

@@ -296,6 +296,74 @@ impl Drop for Pinned {
     }
 }
 
+/// A word of pinned host memory that the GPU reads: a stream waits on it with
+/// `cuStreamWaitValue32` until it reaches a value, and a host thread releases the wait with a
+/// plain store. No CUDA host function is involved: those run on one driver thread per process,
+/// in no mandated order, so a host function that blocks would hold back every other stream's
+/// (the deadlock of several ranks' gates in one process).
+pub struct GateWord {
+    mem: Pinned,
+    dev: CUdeviceptr,
+}
+// SAFETY: the word is only accessed atomically; CUDA calls may come from any thread.
+unsafe impl Sync for GateWord {}
+
+impl GateWord {
+    /// A word holding 0, mapped for the device. Fails clearly where the driver has no stream
+    /// memory operations (tried once on a stream of its own).
+    pub fn new() -> Result<GateWord> {
+        let g = guarded("cuMemHostAlloc", GateWord::alloc)?;
+        guarded("cuStreamWaitValue32", || {
+            let s = Stream::new()?;
+            // SAFETY: our own live stream; the word holds 0, so the wait is met at once.
+            unsafe { g.wait(s.raw(), 0) }.map_err(|e| {
+                Error::new(
+                    ErrorKind::Unavailable,
+                    format!("this CUDA driver cannot make a stream wait on a memory word, which oxccl's stream gate needs: {e}"),
+                )
+            })?;
+            s.sync()
+        })?;
+        Ok(g)
+    }
+    fn alloc() -> Result<GateWord> {
+        let mut p: *mut libc::c_void = std::ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: out-pointer; 64 bytes (a cache line of its own), zeroed by us below.
+        check(unsafe { cu::cuMemHostAlloc(&mut p, 64, flags) }, "cuMemHostAlloc")?;
+        let mem = Pinned { ptr: p.cast(), len: 64 };
+        // SAFETY: 64 writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(mem.ptr, 0, 64) };
+        let mut dev: CUdeviceptr = 0;
+        // SAFETY: out-pointer; memory of cuMemHostAlloc with DEVICEMAP; flags must be 0.
+        check(unsafe { cu::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) }, "cuMemHostGetDevicePointer")?;
+        Ok(GateWord { mem, dev })
+    }
+    fn word(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: 64-byte aligned pinned memory that lives as long as self; only accessed
+        // atomically by the host (the device only reads it).
+        unsafe { &*(self.mem.ptr as *const std::sync::atomic::AtomicU32) }
+    }
+    /// Make `stream` wait until the word is at least `value` (a cyclic comparison: wrapping
+    /// past 2^32 is fine while fewer than 2^31 values are outstanding).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context (or NULL); the word outlives the wait.
+    pub unsafe fn wait(&self, stream: CUstream, value: u32) -> Result<()> {
+        let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        // SAFETY: the caller's stream; the device address of our mapped word.
+        check(unsafe { cu::cuStreamWaitValue32_v2(stream, self.dev, value, geq) }, "cuStreamWaitValue32")
+    }
+    /// Store `value`: the waits for it and for smaller values go on.
+    pub fn set(&self, value: u32) {
+        self.word().store(value, std::sync::atomic::Ordering::Release);
+    }
+    /// The value stored last.
+    pub fn get(&self) -> u32 {
+        self.word().load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// Copy device → host on `stream` (asynchronous).
 ///
 /// # Safety
@@ -535,19 +603,6 @@ pub fn ipc_close(p: u64) {
     unsafe { cu::cuIpcCloseMemHandle(p) };
 }
 
-/// Enqueue a host function on `stream` (the gate of a device operation).
-///
-/// # Safety
-/// `data` must stay valid until `f` has run, and `f` must not call CUDA.
-pub unsafe fn launch_host_func(
-    stream: CUstream,
-    f: unsafe extern "C" fn(*mut libc::c_void),
-    data: *mut libc::c_void,
-) -> Result<()> {
-    // SAFETY: the caller's contract.
-    check(unsafe { cu::cuLaunchHostFunc(stream, Some(f), data) }, "cuLaunchHostFunc")
-}
-
 /// The driver's version (e.g. 12040), for reports.
 pub fn driver_version() -> Result<i32> {
     guarded("cuDriverGetVersion", || {
@@ -588,8 +643,18 @@ impl DeviceBuffer {
                 check(cu::cuMemAlloc_v2(&mut p, len.max(1)), "cuMemAlloc")?;
                 check(cu::cuMemsetD8_v2(p, 0, len.max(1)), "cuMemsetD8")?;
             }
-            Ok(DeviceBuffer { ptr: p, len })
+            let b = DeviceBuffer { ptr: p, len };
+            b.landed()?;
+            Ok(b)
         })
+    }
+    /// Wait until the synchronous copies and memsets made so far have reached the device. CUDA
+    /// returns from `cuMemsetD8`, and from `cuMemcpyHtoD` out of pageable memory, before the
+    /// device has the data (they are queued on the legacy stream); work on other streams, and in
+    /// other processes through CUDA IPC, must not run before they land.
+    fn landed(&self) -> Result<()> {
+        // SAFETY: NULL is the legacy default stream, always live.
+        unsafe { sync_user_stream(std::ptr::null_mut()) }
     }
     /// A copy of `data` in device memory.
     pub fn from_host(data: &[u8]) -> Result<DeviceBuffer> {
@@ -598,10 +663,11 @@ impl DeviceBuffer {
             // SAFETY: the allocation holds data.len() bytes; a synchronous copy.
             check(unsafe { cu::cuMemcpyHtoD_v2(b.ptr, data.as_ptr().cast(), data.len()) }, "cuMemcpyHtoD")?;
         }
+        b.landed()?;
         Ok(b)
     }
-    /// Overwrite its first `data.len()` bytes and zero the rest (synchronous copies on the legacy
-    /// stream, which does not wait for oxccl's or other non-blocking streams).
+    /// Overwrite its first `data.len()` bytes and zero the rest (copies on the legacy stream,
+    /// which does not wait for oxccl's or other non-blocking streams), and wait until they landed.
     pub fn load(&self, data: &[u8]) -> Result<()> {
         if data.len() > self.len {
             return Err(Error::invalid_argument(format!("{} bytes do not fit in {}", data.len(), self.len)));
@@ -613,7 +679,7 @@ impl DeviceBuffer {
                 check(cu::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()), "cuMemcpyHtoD")?;
             }
         }
-        Ok(())
+        self.landed()
     }
     /// Its contents.
     pub fn to_host(&self) -> Result<Vec<u8>> {

@@ -23,6 +23,7 @@ pub mod device;
 pub mod driver;
 pub mod kernels;
 pub mod nvrtc;
+pub mod phases;
 
 pub use device::{DevMem, DeviceComm, DeviceSlice, HostComm, UserStream};
 pub use driver::{classify, probe, Memory};

@@ -249,3 +249,69 @@ fn an_ipc_handle_opened_twice_in_one_process_is_an_error() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && s.contains("CHILD OK"), "{s}\n{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn synchronous_copies_land_later_and_only_blocking_streams_wait_for_them() {
+    let Some(_serial) = sim() else { return };
+    driver::set_device(0).unwrap();
+    let b = DeviceBuffer::zeroed(64).unwrap();
+    let hold = driver::GateWord::new().unwrap();
+    // SAFETY: streams and buffers of this test, alive until it has synchronised them; the host
+    // buffers outlive the copies (each stream is synchronised before they are read).
+    unsafe {
+        // the legacy stream is held until the word reaches 1
+        hold.wait(std::ptr::null_mut(), 1).unwrap();
+        let data = [9u8; 64];
+        // from pageable memory: returns once the source is staged, not when the data landed
+        assert_eq!(cu::cuMemcpyHtoD_v2(b.ptr(), data.as_ptr().cast(), 64), cu::CUresult::CUDA_SUCCESS);
+        // a non-blocking stream does not wait for the legacy stream: it reads the old bytes
+        let free = Stream::new().unwrap();
+        let mut early = [1u8; 64];
+        driver::copy_d2h(early.as_mut_ptr(), b.ptr(), 64, free.raw()).unwrap();
+        free.sync().unwrap();
+        assert_eq!(early, [0u8; 64], "the copy landed before the legacy stream reached it");
+        // a blocking stream waits for the legacy stream's earlier work
+        let mut blocking: cu::CUstream = std::ptr::null_mut();
+        assert_eq!(cu::cuStreamCreate(&mut blocking, 0), cu::CUresult::CUDA_SUCCESS);
+        let mut late = [1u8; 64];
+        driver::copy_d2h(late.as_mut_ptr(), b.ptr(), 64, blocking).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(cu::cuStreamQuery(blocking), cu::CUresult::CUDA_ERROR_NOT_READY);
+        hold.set(1);
+        assert_eq!(cu::cuStreamSynchronize(blocking), cu::CUresult::CUDA_SUCCESS);
+        assert_eq!(late, [9u8; 64]);
+        assert_eq!(cu::cuStreamDestroy_v2(blocking), cu::CUresult::CUDA_SUCCESS);
+    }
+}
+
+#[test]
+fn host_functions_of_all_streams_run_one_at_a_time() {
+    let Some(_serial) = sim() else { return };
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static STATE: AtomicU32 = AtomicU32::new(0); // 1: B ran; 2: A saw B run while A was running
+    unsafe extern "C" fn a(_: *mut libc::c_void) {
+        // waits (bounded) for B, which runs on another stream: it cannot run meanwhile
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(300) {
+            if STATE.load(Ordering::SeqCst) == 1 {
+                STATE.store(2, Ordering::SeqCst);
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    unsafe extern "C" fn b(_: *mut libc::c_void) {
+        STATE.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).ok();
+    }
+    driver::set_device(0).unwrap();
+    let (sa, sb) = (Stream::new().unwrap(), Stream::new().unwrap());
+    // SAFETY: live streams; the functions take no data and call no CUDA.
+    unsafe {
+        assert_eq!(cu::cuLaunchHostFunc(sa.raw(), Some(a), std::ptr::null_mut()), cu::CUresult::CUDA_SUCCESS);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(cu::cuLaunchHostFunc(sb.raw(), Some(b), std::ptr::null_mut()), cu::CUresult::CUDA_SUCCESS);
+    }
+    sa.sync().unwrap();
+    sb.sync().unwrap();
+    assert_eq!(STATE.load(Ordering::SeqCst), 1, "B ran while A was running: host functions are not serialised");
+}

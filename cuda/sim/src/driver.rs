@@ -8,7 +8,7 @@ use crate::{
 };
 use libc::{c_char, c_int, c_uint, c_void};
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -50,9 +50,18 @@ fn device(d: c_int) -> Result<i32, Fail> {
 
 /// Pinned host allocations (`cuMemHostAlloc`): start → length.
 static PINNED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+/// The pinned allocations made with `CU_MEMHOSTALLOC_DEVICEMAP` (their starts).
+static DEVICEMAP: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 2;
 
 fn pinned(p: usize) -> bool {
     PINNED.lock().unwrap().range(..=p).next_back().is_some_and(|(&b, &l)| p < b + l)
+}
+
+/// Whether `[p, p + n)` lies in a pinned allocation mapped for the device.
+fn device_mapped(p: usize, n: usize) -> bool {
+    let start = PINNED.lock().unwrap().range(..=p).next_back().filter(|(&b, &l)| p + n <= b + l).map(|(&b, _)| b);
+    start.is_some_and(|b| DEVICEMAP.lock().unwrap().contains(&b))
 }
 
 static EVENTS: Mutex<Option<HashMap<usize, Arc<Event>>>> = Mutex::new(None);
@@ -133,6 +142,33 @@ pub(crate) fn memset_async(dev: u64, v: u8, n: usize, s: usize) -> Result<(), Fa
         Ok(())
     }));
     Ok(())
+}
+
+/// The synchronous host-to-device copy (`cuMemcpyHtoD`, `cudaMemcpy`), by CUDA's rules: from
+/// pinned memory it is synchronous; from pageable memory it returns once the source is staged,
+/// before the data reaches the device (the write is queued on the legacy stream), so work on
+/// other streams must be ordered after it by the caller.
+pub(crate) fn copy_h2d_sync(dst: u64, src: usize, n: usize, what: &'static str) -> Result<(), Fail> {
+    if pinned(src) {
+        return copy_async(dst, src, n, true, 0, what).and_then(|_| sync_default());
+    }
+    current()?;
+    mem::shadow(dst, n, what)?;
+    // SAFETY: CUDA's contract: the caller's host buffer holds n bytes (staged now).
+    let staged = unsafe { std::slice::from_raw_parts(src as *const u8, n) }.to_vec();
+    stream::get(0)?.push(Box::new(move || {
+        let sh = mem::shadow(dst, n, what)?;
+        // SAFETY: the shadow covers n bytes (checked again: it may have been freed since).
+        unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), sh, n) };
+        Ok(())
+    }));
+    Ok(())
+}
+
+/// The synchronous memset of device memory (`cuMemsetD8`, `cudaMemset`): asynchronous with
+/// respect to the host, by CUDA's rules (queued on the legacy stream).
+pub(crate) fn memset_sync(dst: u64, v: u8, n: usize) -> Result<(), Fail> {
+    memset_async(dst, v, n, 0)
 }
 
 /// Run on the default stream and wait: the synchronous copies and memsets.
@@ -304,7 +340,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(p: *mut *mut c_void, len: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostAlloc(p: *mut *mut c_void, len: usize, flags: c_uint) -> CUresult {
     entry("cuMemHostAlloc", || {
         current()?;
         let n = len.max(1);
@@ -323,8 +359,82 @@ pub unsafe extern "C" fn cuMemHostAlloc(p: *mut *mut c_void, len: usize, _flags:
             return Err(Fail::new(crate::CUDA_ERROR_OUT_OF_MEMORY, "cuMemHostAlloc"));
         }
         PINNED.lock().unwrap().insert(m as usize, n);
+        if flags & CU_MEMHOSTALLOC_DEVICEMAP != 0 {
+            DEVICEMAP.lock().unwrap().insert(m as usize);
+        }
         // SAFETY: CUDA's contract for the out-pointer.
         unsafe { put(p, m, "pp") }
+    })
+}
+
+/// The device address of mapped pinned memory (unified addressing: the host address itself).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(d: *mut u64, p: *mut c_void, flags: c_uint) -> CUresult {
+    entry("cuMemHostGetDevicePointer", || {
+        current()?;
+        if flags != 0 {
+            return Err(Fail::new(CUDA_ERROR_INVALID_VALUE, "cuMemHostGetDevicePointer: flags must be 0"));
+        }
+        if !device_mapped(p as usize, 1) {
+            return Err(Fail::new(
+                CUDA_ERROR_INVALID_VALUE,
+                format!("cuMemHostGetDevicePointer({p:p}): not pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP"),
+            ));
+        }
+        // SAFETY: CUDA's contract for the out-pointer.
+        unsafe { put(d, p as u64, "device pointer") }
+    })
+}
+
+/// `cuStreamWaitValue32`: the stream waits until the 32-bit word at `addr` (device memory, or
+/// pinned host memory mapped for the device) meets the condition; polled, with the sticky error
+/// of the context ending the wait.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2(s: usize, addr: u64, value: u32, flags: c_uint) -> CUresult {
+    entry("cuStreamWaitValue32", || {
+        current()?;
+        if addr % 4 != 0 {
+            return Err(Fail::new(
+                CUDA_ERROR_INVALID_VALUE,
+                format!("cuStreamWaitValue32: {addr:#x} is not 4-byte aligned"),
+            ));
+        }
+        let on_device = mem::range(addr).is_some();
+        if on_device {
+            mem::shadow(addr, 4, "cuStreamWaitValue32")?;
+        } else if !device_mapped(addr as usize, 4) {
+            return Err(Fail::new(
+                CUDA_ERROR_INVALID_VALUE,
+                format!(
+                    "cuStreamWaitValue32: {addr:#x} is neither device memory nor pinned host memory mapped for the device"
+                ),
+            ));
+        }
+        let test: fn(u32, u32) -> bool = match flags & !(1 << 30) {
+            0 => |v, want| (v.wrapping_sub(want) as i32) >= 0, // GEQ, cyclic
+            1 => |v, want| v == want,
+            2 => |v, want| v & want != 0,
+            3 => |v, want| !(v | want) != 0,
+            f => return Err(Fail::new(CUDA_ERROR_INVALID_VALUE, format!("cuStreamWaitValue32: flags {f:#x}"))),
+        };
+        stream::get(s)?.push(Box::new(move || {
+            let mut nap = 1u64;
+            loop {
+                let p = if on_device { mem::shadow(addr, 4, "cuStreamWaitValue32")? } else { addr as *mut u8 };
+                // SAFETY: 4 aligned bytes of live device (shadow) or mapped pinned memory, which
+                // other threads and processes write: read atomically.
+                let v = unsafe { (*(p as *const std::sync::atomic::AtomicU32)).load(Ordering::Acquire) };
+                if test(v, value) {
+                    return Ok(());
+                }
+                if let Some(f) = stream::sticky() {
+                    return Err(f);
+                }
+                std::thread::sleep(std::time::Duration::from_micros(nap));
+                nap = (nap * 2).min(1000);
+            }
+        }));
+        Ok(())
     })
 }
 
@@ -338,6 +448,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
                 format!("cuMemFreeHost({p:p}): not pinned memory of cuMemHostAlloc (or freed twice)"),
             )
         })?;
+        DEVICEMAP.lock().unwrap().remove(&(p as usize));
         // SAFETY: the mapping made by cuMemHostAlloc for this pointer, unmapped once.
         unsafe { libc::munmap(p, n) };
         Ok(())
@@ -346,7 +457,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) -> CUresult {
-    entry("cuMemcpyHtoD", || copy_async(dst, src as usize, n, true, 0, "cuMemcpyHtoD").and_then(|_| sync_default()))
+    entry("cuMemcpyHtoD", || copy_h2d_sync(dst, src as usize, n, "cuMemcpyHtoD"))
 }
 
 #[no_mangle]
@@ -376,7 +487,7 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize) -> CUresu
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dst: u64, v: u8, n: usize) -> CUresult {
-    entry("cuMemsetD8", || memset_async(dst, v, n, 0).and_then(|_| sync_default()))
+    entry("cuMemsetD8", || memset_sync(dst, v, n))
 }
 
 #[no_mangle]
@@ -452,9 +563,9 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamCreate(s: *mut usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuStreamCreate(s: *mut usize, flags: c_uint) -> CUresult {
     // SAFETY: CUDA's contract for the out-pointer.
-    entry("cuStreamCreate", || current().and_then(|_| unsafe { put(s, stream::create(), "stream") }))
+    entry("cuStreamCreate", || current().and_then(|_| unsafe { put(s, stream::create(flags), "stream") }))
 }
 
 #[no_mangle]
@@ -566,10 +677,12 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         let f = f.ok_or_else(|| Fail::new(CUDA_ERROR_INVALID_VALUE, "the host function is NULL"))?;
         let h = HostFn(f, data as usize);
         stream::get(s)?.push(Box::new(move || {
-            let h = h;
-            // SAFETY: CUDA's contract: the caller's function and its argument, called once when
-            // the stream reaches it.
-            unsafe { (h.0)(h.1 as *mut c_void) };
+            stream::host_call(Box::new(move || {
+                let h = h;
+                // SAFETY: CUDA's contract: the caller's function and its argument, called once
+                // when the stream reaches it.
+                unsafe { (h.0)(h.1 as *mut c_void) };
+            }));
             Ok(())
         }));
         Ok(())

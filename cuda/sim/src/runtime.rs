@@ -64,20 +64,23 @@ pub unsafe extern "C" fn cudaFree(p: *mut c_void) -> CUresult {
     rt("cudaFree", || if p.is_null() { Ok(()) } else { driver::free(p as u64) })
 }
 
+/// `kind`, with 4 (`cudaMemcpyDefault`) resolved from the pointers.
+fn resolve(dst: *mut c_void, src: *const c_void, kind: c_int) -> c_int {
+    let dev = |p: usize| mem::range(p as u64).is_some();
+    if kind != 4 {
+        return kind;
+    }
+    match (dev(src as usize), dev(dst as usize)) {
+        (false, false) => 0,
+        (false, true) => 1,
+        (true, false) => 2,
+        (true, true) => 3,
+    }
+}
+
 /// A copy of `kind` (0 host→host, 1 host→device, 2 device→host, 3 device→device, 4 inferred).
 fn copy(dst: *mut c_void, src: *const c_void, n: usize, kind: c_int, s: usize) -> Result<(), Fail> {
-    let dev = |p: usize| mem::range(p as u64).is_some();
-    let kind = if kind == 4 {
-        match (dev(src as usize), dev(dst as usize)) {
-            (false, false) => 0,
-            (false, true) => 1,
-            (true, false) => 2,
-            (true, true) => 3,
-        }
-    } else {
-        kind
-    };
-    match kind {
+    match resolve(dst, src, kind) {
         0 => {
             stream::get(s)?.sync()?;
             // SAFETY: CUDA's contract: host buffers of n bytes.
@@ -93,7 +96,11 @@ fn copy(dst: *mut c_void, src: *const c_void, n: usize, kind: c_int, s: usize) -
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: c_int) -> CUresult {
-    rt("cudaMemcpy", || copy(dst, src, n, kind, 0).and_then(|_| sync_default()))
+    rt("cudaMemcpy", || match resolve(dst, src, kind) {
+        // from pageable memory it returns before the data reaches the device, as CUDA's does
+        1 => driver::copy_h2d_sync(dst as u64, src as usize, n, "cudaMemcpy (host to device)"),
+        _ => copy(dst, src, n, kind, 0).and_then(|_| sync_default()),
+    })
 }
 
 #[no_mangle]
@@ -109,7 +116,7 @@ pub unsafe extern "C" fn cudaMemcpyAsync(
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemset(p: *mut c_void, v: c_int, n: usize) -> CUresult {
-    rt("cudaMemset", || memset_async(p as u64, v as u8, n, 0).and_then(|_| sync_default()))
+    rt("cudaMemset", || driver::memset_sync(p as u64, v as u8, n))
 }
 
 #[no_mangle]
@@ -120,13 +127,13 @@ pub unsafe extern "C" fn cudaMemsetAsync(p: *mut c_void, v: c_int, n: usize, s: 
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamCreate(s: *mut usize) -> CUresult {
     // SAFETY: CUDA's contract for the out-pointer.
-    rt("cudaStreamCreate", || unsafe { put(s, stream::create(), "stream") })
+    rt("cudaStreamCreate", || unsafe { put(s, stream::create(0), "stream") })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamCreateWithFlags(s: *mut usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cudaStreamCreateWithFlags(s: *mut usize, flags: c_uint) -> CUresult {
     // SAFETY: as above.
-    rt("cudaStreamCreateWithFlags", || unsafe { put(s, stream::create(), "stream") })
+    rt("cudaStreamCreateWithFlags", || unsafe { put(s, stream::create(flags), "stream") })
 }
 
 #[no_mangle]

@@ -3,6 +3,14 @@
 //! random delay, `OXCCL_CUDA_SIM_DELAY_US`), as on a GPU. Events complete when their stream
 //! reaches them. The first failure of a task is sticky for the whole context, as CUDA's errors
 //! from the device are.
+//!
+//! The legacy default stream (handle 0) synchronises implicitly with blocking streams, as CUDA's
+//! does: its work waits for the work enqueued earlier on every blocking stream, and a blocking
+//! stream's work waits for the work enqueued earlier on it. Non-blocking streams stand alone.
+//!
+//! Host functions (`cuLaunchHostFunc`) of every stream run on one thread of the process, one at a
+//! time, as CUDA allows ("host functions without a mandated order may be serialized", and the
+//! driver does): a host function that blocks holds back every other stream's host functions.
 
 use crate::{Fail, CUDA_ERROR_INVALID_HANDLE};
 use std::collections::VecDeque;
@@ -18,12 +26,29 @@ struct Queue {
     busy: bool,
     stop: bool,
     capturing: bool,
+    /// Tasks enqueued, and tasks finished, since the stream was made.
+    pushed: u64,
+    done: u64,
+}
+
+/// How a stream relates to the legacy default stream (CUDA's implicit synchronisation).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// The legacy default stream (handle 0): its work waits for all earlier work of the
+    /// blocking streams.
+    Legacy,
+    /// A stream made without `CU_STREAM_NON_BLOCKING`: its work waits for all earlier work of
+    /// the legacy stream.
+    Blocking,
+    /// `CU_STREAM_NON_BLOCKING`: no implicit synchronisation.
+    NonBlocking,
 }
 
 /// One stream.
 pub struct Stream {
     q: Mutex<Queue>,
     cv: Condvar,
+    kind: Kind,
 }
 
 static STICKY: Mutex<Option<Fail>> = Mutex::new(None);
@@ -57,8 +82,8 @@ fn delay() {
 
 impl Stream {
     /// A stream with its worker.
-    pub fn new() -> Arc<Stream> {
-        let s = Arc::new(Stream { q: Mutex::new(Queue::default()), cv: Condvar::new() });
+    pub fn new(kind: Kind) -> Arc<Stream> {
+        let s = Arc::new(Stream { q: Mutex::new(Queue::default()), cv: Condvar::new(), kind });
         let w = s.clone();
         std::thread::Builder::new()
             .name("cuda-sim-stream".into())
@@ -90,15 +115,59 @@ impl Stream {
             }
             let mut q = self.q.lock().unwrap();
             q.busy = false;
+            q.done += 1;
             self.cv.notify_all();
         }
     }
 
-    /// Append a task.
+    /// Append a task. On the legacy stream it first waits for the work enqueued so far on every
+    /// blocking stream; on a blocking stream, for the work enqueued so far on the legacy stream.
     pub fn push(&self, t: Task) {
+        let others: Vec<Arc<Stream>> = match self.kind {
+            Kind::NonBlocking => Vec::new(),
+            Kind::Legacy => STREAMS
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, s)| s.kind == Kind::Blocking)
+                .map(|(_, s)| s.clone())
+                .collect(),
+            Kind::Blocking => get(0).into_iter().collect(),
+        };
+        let deps: Vec<(Arc<Stream>, u64)> = others
+            .into_iter()
+            .map(|s| {
+                let k = s.q.lock().unwrap().pushed;
+                (s, k)
+            })
+            .filter(|(_, k)| *k > 0)
+            .collect();
+        let task: Task = if deps.is_empty() {
+            t
+        } else {
+            Box::new(move || {
+                for (s, k) in &deps {
+                    s.wait_done(*k)?;
+                }
+                t()
+            })
+        };
         let mut q = self.q.lock().unwrap();
-        q.tasks.push_back(t);
+        q.tasks.push_back(task);
+        q.pushed += 1;
         self.cv.notify_all();
+    }
+
+    /// Wait until the first `k` tasks enqueued on this stream have run.
+    fn wait_done(&self, k: u64) -> Result<(), Fail> {
+        let mut q = self.q.lock().unwrap();
+        while q.done < k {
+            if let Some(f) = sticky() {
+                return Err(f);
+            }
+            q = self.cv.wait_timeout(q, Duration::from_millis(50)).unwrap().0;
+        }
+        Ok(())
     }
 
     /// Wait until every task enqueued so far has run.
@@ -134,14 +203,52 @@ impl Stream {
     }
 }
 
+/// The process's host-function thread: its queue of calls, each with the flag its stream waits on.
+type HostCall = (Box<dyn FnOnce() + Send>, Arc<(Mutex<bool>, Condvar)>);
+static HOST_CALLS: Mutex<VecDeque<HostCall>> = Mutex::new(VecDeque::new());
+static HOST_CV: Condvar = Condvar::new();
+
+/// Run `f` on the process's one host-function thread and wait until it returned (a stream's task
+/// calls this: the stream is blocked meanwhile, as CUDA's is).
+pub fn host_call(f: Box<dyn FnOnce() + Send>) {
+    static THREAD: std::sync::Once = std::sync::Once::new();
+    THREAD.call_once(|| {
+        std::thread::Builder::new()
+            .name("cuda-sim-hostfn".into())
+            .spawn(|| loop {
+                let (f, done) = {
+                    let mut q = HOST_CALLS.lock().unwrap();
+                    loop {
+                        if let Some(c) = q.pop_front() {
+                            break c;
+                        }
+                        q = HOST_CV.wait(q).unwrap();
+                    }
+                };
+                f();
+                *done.0.lock().unwrap() = true;
+                done.1.notify_all();
+            })
+            .expect("the simulated driver could not start its host-function thread");
+    });
+    let done = Arc::new((Mutex::new(false), Condvar::new()));
+    HOST_CALLS.lock().unwrap().push_back((f, done.clone()));
+    HOST_CV.notify_all();
+    let mut g = done.0.lock().unwrap();
+    while !*g {
+        g = done.1.wait(g).unwrap();
+    }
+}
+
 /// Streams by handle; handle 0 is the default (legacy) stream.
 static STREAMS: Mutex<Vec<(usize, Arc<Stream>)>> = Mutex::new(Vec::new());
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x5000_0000);
 
-/// Create a stream; returns its handle.
-pub fn create() -> usize {
+/// Create a stream (`CU_STREAM_NON_BLOCKING` in `flags`, or blocking); returns its handle.
+pub fn create(flags: u32) -> usize {
+    let kind = if flags & 1 != 0 { Kind::NonBlocking } else { Kind::Blocking };
     let h = NEXT.fetch_add(0x40, std::sync::atomic::Ordering::Relaxed);
-    STREAMS.lock().unwrap().push((h, Stream::new()));
+    STREAMS.lock().unwrap().push((h, Stream::new(kind)));
     h
 }
 
@@ -152,7 +259,7 @@ pub fn get(h: usize) -> Result<Arc<Stream>, Fail> {
         return Ok(s.clone());
     }
     if h == 0 {
-        let s = Stream::new();
+        let s = Stream::new(Kind::Legacy);
         all.push((0, s.clone()));
         return Ok(s);
     }

@@ -112,8 +112,10 @@ static void run_one(ncclComm_t comm, int coll, int t, int op, size_t c, int root
   CUdeviceptr da, db;
   CU(cuMemAlloc(&da, total * es));
   CU(cuMemAlloc(&db, total * es));
-  CU(cuMemcpyHtoD(da, a, total * es));
-  CU(cuMemcpyHtoD(db, b, total * es));
+  /* on the collective's stream: a synchronous copy from pageable memory may return before
+   * the data reaches the device, and a non-blocking stream would not wait for it */
+  CU(cuMemcpyHtoDAsync(da, a, total * es, g_stream));
+  CU(cuMemcpyHtoDAsync(db, b, total * es, g_stream));
   int recv_in_a = recvp >= host_a && recvp < host_a + total * es;
   size_t recv_off = (size_t)(recv_in_a ? recvp - host_a : recvp - host_b);
   sendp = (char*)da + (sendp - host_a);
