@@ -111,7 +111,9 @@ class OxWork : public Work {
     return future_;
   }
 
-  std::chrono::milliseconds getTimeout() const override {
+  // no `override`: c10d::Work declares getTimeout() in newer torch only (2.11 has none), and
+  // this overrides it wherever it exists
+  std::chrono::milliseconds getTimeout() const {
     return timeout_;
   }
 
