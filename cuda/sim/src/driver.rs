@@ -386,6 +386,9 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(d: *mut u64, p: *mut c_voi
     })
 }
 
+/// Waits on a memory value enqueued and not yet met, in this process.
+static PARKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// `cuStreamWaitValue32`: the stream waits until the 32-bit word at `addr` (device memory, or
 /// pinned host memory mapped for the device) meets the condition; polled, with the sticky error
 /// of the context ending the wait.
@@ -417,7 +420,18 @@ pub unsafe extern "C" fn cuStreamWaitValue32_v2(s: usize, addr: u64, value: u32,
             3 => |v, want| !(v | want) != 0,
             f => return Err(Fail::new(CUDA_ERROR_INVALID_VALUE, format!("cuStreamWaitValue32: flags {f:#x}"))),
         };
-        stream::get(s)?.push(Box::new(move || {
+        let st = stream::get(s)?;
+        /// Counts the wait as pending until the task has run or was dropped unrun.
+        struct Pending;
+        impl Drop for Pending {
+            fn drop(&mut self) {
+                PARKED.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        PARKED.fetch_add(1, Ordering::SeqCst);
+        let pending = Pending;
+        st.push(Box::new(move || {
+            let _pending = pending;
             let mut nap = 1u64;
             loop {
                 let p = if on_device { mem::shadow(addr, 4, "cuStreamWaitValue32")? } else { addr as *mut u8 };
@@ -798,6 +812,18 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(h: *mut IpcHandle, p: u64) -> CUresul
 pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(p: *mut u64, h: IpcHandle, _flags: c_uint) -> CUresult {
     entry("cuIpcOpenMemHandle", || {
         let d = current()?;
+        let waits = PARKED.load(Ordering::SeqCst);
+        if waits > 0 {
+            // strict: mapping memory can wait for the device, which then waits for whoever
+            // would release the parked stream (on a GPU, PyTorch's DDP hung so)
+            return Err(Fail::new(
+                CUDA_ERROR_INVALID_VALUE,
+                format!(
+                    "cuIpcOpenMemHandle while {waits} stream wait(s) on a memory value are pending in this process: \
+                     the driver may wait for the device here, a deadlock if this thread is to release them"
+                ),
+            ));
+        }
         let dev = mem::ipc_open(&h.reserved, d)?;
         // SAFETY: CUDA's contract for the out-pointer.
         unsafe { put(p, dev, "dptr") }

@@ -13,6 +13,14 @@
 //! - every stream is an in-order queue with its own worker thread: copies, kernels, host
 //!   functions and event records run later than the calls that enqueue them
 //!   (`OXCCL_CUDA_SIM_DELAY_US=N` adds a random delay of up to N µs before each);
+//! - the legacy default stream synchronises implicitly with blocking streams, and the
+//!   "synchronous" `cuMemcpyHtoD` from pageable memory and `cuMemsetD8` return before the device
+//!   has the data (queued on the legacy stream), as CUDA's do;
+//! - host functions of every stream run on one thread, one at a time (so one that blocks holds
+//!   back the others, as on a GPU);
+//! - `cuStreamWaitValue32` waits on device or mapped pinned memory, and `cuIpcOpenMemHandle` is
+//!   an error while such a wait is pending in the process (the driver may wait for the device
+//!   there: the deadlock PyTorch's DDP hit on an H200);
 //! - kernels are the host build of oxccl's generated kernel source (`cuda/kernels/
 //!   oxccl_kernels.cu`), looked up by name in the module `cuModuleLoadData` accepted;
 //! - use after free, double free, an IPC handle opened twice in one process and copies out of
