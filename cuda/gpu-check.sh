@@ -9,7 +9,7 @@
 # processes), oxccl-perf on device buffers with 2 and 4 ranks (with device memcpy and
 # reduce-kernel bandwidth measured in the same run), and a PyTorch DDP step on CUDA tensors over
 # the oxccl backend and over ProcessGroupNCCL with oxccl's libnccl.so.2 in LD_PRELOAD. Each step
-# is time-boxed (590 s in all at worst; a few minutes normally); a summary table comes last, and
+# is time-boxed (550 s in all at worst; a few minutes normally); a summary table comes last, and
 # the exit status is non-zero if a step failed.
 #
 # OXCCL_GPU_CHECK_SIM=<folder of the simulated libcuda.so.1> (target/release/cuda-sim) runs the
@@ -57,8 +57,33 @@ if [ -z "$SIM" ]; then
    echo $? > "$OUT/ext-build.rc") &
 fi
 
-step "device tests: 1, 2, 4 ranks on one GPU, every collective/type/op" 100 \
+step "device tests: 1, 2, 4 ranks on one GPU, every collective/type/op" 60 \
   env OXCCL_REQUIRE_GPU=1 OXCCL_DEVICE_TEST_RANKS=1,2,4 "$B/device-test" --nocapture --test-threads 1
+
+# PyTorch next (the checks most likely to hang): a hang names itself (OXCCL_TIMEOUT), prints
+# the Python stacks (gpu_ddp.py), and cuda-gdb writes every thread's native stack to stacks.log
+stacks() { # stacks SECONDS: in the background, the native stacks of gpu_ddp.py's ranks then
+  command -v cuda-gdb >/dev/null || return 0
+  (sleep "$1"; for p in $(pgrep -f gpu_ddp.py); do
+     echo "=== pid $p"; timeout 25 cuda-gdb -q -batch -p "$p" -ex "thread apply all bt 14" 2>&1 | grep -E "^Thread|^#"
+   done >> "$OUT/stacks.log") &
+  STACKS=$!
+}
+export OXCCL_TIMEOUT=25 STACKS=
+if [ -z "$SIM" ]; then
+  step "PyTorch: the oxccl backend's C++ part, built against this torch" 150 \
+    bash -c 'while [ ! -e "$1" ]; do sleep 1; done; cat "$2"; exit "$(cat "$1")"' _ "$OUT/ext-build.rc" "$OUT/ext-build.log"
+  stacks 33
+  step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 60 \
+    python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29571 "$ROOT/cuda/gpu_ddp.py" --backend oxccl
+  kill "$STACKS" 2>/dev/null
+  stacks 33
+  step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 60 \
+    env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$B/libnccl.so.2" \
+    python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29572 "$ROOT/cuda/gpu_ddp.py" --backend nccl
+  kill "$STACKS" 2>/dev/null
+fi
+export OXCCL_TIMEOUT=60
 
 step "C ABI on device buffers: build" 20 \
   cc -std=c11 -O2 -DOXCCL_DEVICE -I"$ROOT/ffi/include" -I"$CUDA_HOME/include" \
@@ -80,19 +105,10 @@ step "oxccl-perf --device, 2 ranks, staged (OXCCL_CUDA_IPC=0) 8 B..$SMAX" 30 \
 step "oxccl-perf --device, 2 ranks, 8 B latency and where the worker's time goes" 20 \
   "$B/oxccl-perf" --device --np 2 -b 8 -e 8 -n 500 -w 50 -c 1
 
-[ -n "$SIM" ] || step "PyTorch: the oxccl backend's C++ part, built against this torch" 150 \
-  bash -c 'while [ ! -e "$1" ]; do sleep 1; done; cat "$2"; exit "$(cat "$1")"' _ "$OUT/ext-build.rc" "$OUT/ext-build.log"
-# a hang names itself (OXCCL_TIMEOUT) and prints the Python stacks before the step's box ends
-export OXCCL_TIMEOUT=25
-[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, oxccl backend (2 ranks)" 60 \
-  python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29571 "$ROOT/cuda/gpu_ddp.py" --backend oxccl
-[ -n "$SIM" ] || step "PyTorch DDP, CUDA tensors, ProcessGroupNCCL + LD_PRELOAD libnccl.so.2 (2 ranks)" 60 \
-  env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD="$B/libnccl.so.2" python3 -m torch.distributed.run --nproc-per-node 2 --master-port 29572 \
-  "$ROOT/cuda/gpu_ddp.py" --backend nccl
-
 echo; echo "=== summary ($(date -u +%F), $(cat "$OUT/gpu.txt" | head -1))"
 printf '| %-80s | %-16s |\n' "check" "result"
 for i in "${!NAMES[@]}"; do printf '| %-80s | %-16s |\n' "${NAMES[$i]}" "${RESULTS[$i]}"; done
+[ -s "$OUT/stacks.log" ] && { echo "native stacks of a hung PyTorch step: $OUT/stacks.log"; grep -c "^Thread" "$OUT/stacks.log"; }
 grep -h "^# Device" "$OUT"/step*.log | head -8
 grep -h -E "^ +268435456 " "$OUT"/step*.log | head -3
 for r in "${RESULTS[@]}"; do case "$r" in PASS*) ;; *) exit 1 ;; esac; done

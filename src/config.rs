@@ -70,6 +70,10 @@ pub struct Config {
     /// Whether device collectives may use CUDA IPC one-shot kernels between GPUs of one host
     /// (`OXCCL_CUDA_IPC=0` turns them off: device buffers are staged through host memory).
     pub cuda_ipc: bool,
+    /// Bytes of each rank's CUDA IPC window (`OXCCL_CUDA_IPC_WINDOW`, default 32 MiB, at least
+    /// 64 KiB): device memory that every rank of the host maps once, at the first one-shot
+    /// collective; larger operations go through it in rounds.
+    pub cuda_ipc_window: usize,
     /// Where compiled device kernels are cached: `$XDG_CACHE_HOME/oxccl/kernels` (else
     /// `~/.cache/oxccl/kernels`); `OXCCL_KERNEL_CACHE=0`: nowhere (`None`).
     pub kernel_cache: Option<std::path::PathBuf>,
@@ -177,6 +181,7 @@ impl Default for Config {
             wait_report: Some(Duration::from_secs(30)),
             beacon: true,
             cuda_ipc: true,
+            cuda_ipc_window: 32 << 20,
             kernel_cache: None,
             nvrtc_paths: Vec::new(),
             comm_blocking: None,
@@ -237,6 +242,9 @@ impl Config {
             },
             beacon: env_any(&["OXCCL_BEACON"]).is_none_or(|v| v.trim() != "0"),
             cuda_ipc: env_any(&["OXCCL_CUDA_IPC"]).is_none_or(|v| v.trim() != "0"),
+            cuda_ipc_window: env_num(&["OXCCL_CUDA_IPC_WINDOW"])
+                .map(|v| (v as usize).max(64 << 10))
+                .unwrap_or(d.cuda_ipc_window),
             kernel_cache: match env_any(&["OXCCL_KERNEL_CACHE"]) {
                 Some(v) if v.trim() == "0" => None,
                 _ => env_any(&["XDG_CACHE_HOME"])

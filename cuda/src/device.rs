@@ -12,13 +12,11 @@
 //! parked gate would stop another rank's stream in the same process.)
 //!
 //! Two executors, chosen identically by every rank (the choice is agreed on by the ranks):
-//! - **CUDA IPC one-shot** (all ranks on one host, at most 8, all-reduce, reduce-scatter,
-//!   all-gather, broadcast, reduce): the ranks exchange IPC handles of their buffers through the
-//!   host communicator (same-process ranks use the pointers directly; several ranks may share
-//!   one GPU, unlike NCCL), then each rank runs one kernel that reads its chunk from every rank's
-//!   input directly and writes the result into every rank's output (the fused copy-reduce), and
-//!   the ranks meet again before the gates open. Inputs are folded in rank order, so the result
-//!   is bit-identical to the host reference whatever the rank count.
+//! - **CUDA IPC** (all ranks on one host, at most 8, all-reduce, reduce-scatter, all-gather,
+//!   broadcast, reduce): through device windows that every rank maps once ([`crate::ipc`];
+//!   same-process ranks use the pointers directly; several ranks may share one GPU, unlike
+//!   NCCL). Inputs are folded in rank order, so the result is bit-identical to the host
+//!   reference whatever the rank count.
 //! - **Staging** (everything else; ranks on several hosts; send/recv groups): the inputs are
 //!   copied to pinned host memory on an internal non-blocking stream, the host communicator runs
 //!   the operation with the same schedules, tuner and transports as host buffers (TCP between
@@ -28,11 +26,12 @@
 //! the worker's hand-off cannot be replayed by a graph).
 
 use crate::driver::{self, Event, Memory, Pinned, Stream};
-use crate::kernels::{self, KernelArgs, MAX_PTRS};
+use crate::ipc;
+use crate::kernels::MAX_PTRS;
 use crate::phases::{self, Phase};
 use oxccl::OpMem;
 use oxccl::{CallOptions, Coll, Communicator, Error, ErrorKind, Group, OpDesc, ReduceOp, Result};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -83,13 +82,13 @@ pub enum DevMem {
 }
 
 impl DevMem {
-    fn input(&self, in_len: usize) -> (u64, usize) {
+    pub(crate) fn input(&self, in_len: usize) -> (u64, usize) {
         match *self {
             DevMem::Split { send, send_len, .. } => (send, send_len),
             DevMem::InPlace { base, in_off, .. } => (base + in_off as u64, in_len),
         }
     }
-    fn output(&self, out_len: usize) -> (u64, usize) {
+    pub(crate) fn output(&self, out_len: usize) -> (u64, usize) {
         match *self {
             DevMem::Split { recv, recv_len, .. } => (recv, recv_len),
             DevMem::InPlace { base, out_off, .. } => (base + out_off as u64, out_len),
@@ -181,11 +180,59 @@ struct Inner {
     queue: Mutex<Queue>,
     /// The callers' streams wait on it; the worker stores each finished job's `seq`.
     gate: driver::GateWord,
+    /// The CUDA IPC windows: made by the caller of the first eligible operation.
+    window: Mutex<WindowState>,
     /// Signalled when a job is queued or shutdown is asked (the worker waits on it).
     work: Condvar,
     /// Signalled when the worker finishes a job (`drain` waits on it).
     idle: Condvar,
     error: Mutex<Option<Error>>,
+}
+
+/// Whether the CUDA IPC windows exist (the same answer on every rank, agreed when made).
+enum WindowState {
+    Untried,
+    Off,
+    On(Arc<ipc::Window>),
+}
+
+/// Jobs a communicator holds at most (queued or running); `enqueue` waits for room. Each holds
+/// a parked wait on its caller's stream, and a stream's queue of commands is finite.
+const MAX_JOBS: usize = 16;
+
+impl Inner {
+    /// Whether a job runs on the CUDA IPC path (when the windows exist): one collective the
+    /// one-shot path implements, with no algorithm restriction. Every rank decides alike.
+    fn ipc_eligible(&self, ops: &[(OpDesc, CallOptions, DevMem)]) -> bool {
+        self.ipc_allowed && ops.len() == 1 && one_shot(ops[0].0.coll) && !ops[0].1.algos.is_restricted()
+    }
+
+    /// Make the windows at the first eligible operation, in the caller's thread, before its
+    /// stream is parked: collectively (every rank reaches the same operation), with this
+    /// communicator's earlier jobs done so the host communicator is free.
+    fn ensure_window(&self) -> Result<()> {
+        if !matches!(*self.window.lock().unwrap(), WindowState::Untried) {
+            return Ok(());
+        }
+        // (not under the window's lock: the worker takes it for eligible jobs)
+        let mut q = self.queue.lock().unwrap();
+        while q.busy || !q.jobs.is_empty() {
+            q = self.idle.wait(q).unwrap();
+        }
+        drop(q);
+        let mut st = self.window.lock().unwrap();
+        let comm = self.host.comm();
+        let made = ipc::create(comm, self.device, comm.config().cuda_ipc_window);
+        *st = match made {
+            Ok(Some(w)) => WindowState::On(Arc::new(w)),
+            Ok(None) => WindowState::Off,
+            Err(e) => {
+                *st = WindowState::Off;
+                return Err(e);
+            }
+        };
+        Ok(())
+    }
 }
 
 /// A communicator for device buffers (see the module docs).
@@ -229,6 +276,7 @@ impl DeviceComm {
             ipc_allowed,
             queue: Mutex::new(Queue::default()),
             gate: driver::GateWord::new()?,
+            window: Mutex::new(WindowState::Untried),
             work: Condvar::new(),
             idle: Condvar::new(),
             error: Mutex::new(None),
@@ -305,12 +353,18 @@ impl DeviceComm {
                     }
                 }
             }
+            if self.inner.ipc_eligible(&ops) {
+                self.inner.ensure_window()?;
+            }
             let ready = Event::new()?;
             // SAFETY: as above.
             unsafe { ready.record(stream)? };
             // the gate values follow the queue's order (taken under its lock), so the worker
             // stores them in increasing order
             let mut q = self.inner.queue.lock().unwrap();
+            while q.jobs.len() + usize::from(q.busy) >= MAX_JOBS {
+                q = self.inner.idle.wait(q).unwrap();
+            }
             let seq = q.last_seq.wrapping_add(1);
             // SAFETY: as above; the word lives as long as `inner`, which outlives the worker.
             unsafe { self.inner.gate.wait(stream, seq)? };
@@ -425,12 +479,11 @@ impl Drop for DeviceComm {
     }
 }
 
-/// Worker state: its stream, staging memory, IPC mappings.
+/// Worker state: its stream and staging memory.
 struct Worker {
     stream: Stream,
     staging: Option<Pinned>,
     retired: Vec<Pinned>,
-    ipc: HashMap<[u8; 64], u64>,
 }
 
 fn worker_main(inner: Arc<Inner>) {
@@ -438,7 +491,7 @@ fn worker_main(inner: Arc<Inner>) {
     // without a stream the worker still serves the queue: every job fails (the error is
     // recorded) and its gate opens, so no stream and no `drain` waits for it
     let mut w = match init {
-        Ok(stream) => Some(Worker { stream, staging: None, retired: Vec::new(), ipc: HashMap::new() }),
+        Ok(stream) => Some(Worker { stream, staging: None, retired: Vec::new() }),
         Err(e) => {
             *inner.error.lock().unwrap() = Some(e);
             None
@@ -480,9 +533,6 @@ fn worker_main(inner: Arc<Inner>) {
         inner.queue.lock().unwrap().busy = false;
         inner.idle.notify_all();
     }
-    for (_, p) in w.iter_mut().flat_map(|w| w.ipc.drain()) {
-        driver::ipc_close(p);
-    }
 }
 
 fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
@@ -490,14 +540,16 @@ fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
     let t = Instant::now();
     job.ready.wait()?;
     phases::add(Phase::Ready, t);
-    if job.ops.len() == 1 {
-        let (d, o, m) = job.ops[0];
-        if inner.ipc_allowed && one_shot(d.coll) && !o.algos.is_restricted() {
-            if let Some(r) = try_ipc(inner, w, &d, &m) {
-                r?;
-                COUNTS.lock().unwrap().ipc += 1;
-                return Ok(());
-            }
+    if inner.ipc_eligible(&job.ops) {
+        let win = match &*inner.window.lock().unwrap() {
+            WindowState::On(win) => Some(win.clone()),
+            _ => None,
+        };
+        if let Some(win) = win {
+            let (d, _, m) = &job.ops[0];
+            ipc::run(comm, inner.module, &w.stream, &win, d, m)?;
+            COUNTS.lock().unwrap().ipc += 1;
+            return Ok(());
         }
     }
     staged(comm, w, &job.ops)?;
@@ -508,200 +560,6 @@ fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
 /// The collectives the IPC one-shot kernels implement.
 fn one_shot(coll: Coll) -> bool {
     matches!(coll, Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather | Coll::Broadcast | Coll::Reduce)
-}
-
-const REC: usize = 4 + 4 + 4 + 4 + 64 + 8 + 64 + 8 + 8 + 8;
-
-/// The IPC one-shot path. `None`: the ranks agreed to stage instead (some rank could not export
-/// or map a buffer); `Some(Err)`: the operation failed.
-#[allow(clippy::needless_range_loop)] // parallel arrays indexed by rank
-fn try_ipc(inner: &Inner, w: &mut Worker, d: &OpDesc, m: &DevMem) -> Option<Result<()>> {
-    let comm = inner.host.comm();
-    let t = Instant::now();
-    let (n, r) = (comm.size(), comm.rank());
-    let es = d.dtype.size();
-    let (ni, no) = d.coll.buffer_counts(n, r, d.count, d.root);
-    let (ip, ilen) = m.input(ni * es);
-    let (op, olen) = m.output(no * es);
-    // my record: pid, device, ok, handles and offsets of both windows, raw pointers
-    let mut rec = vec![0u8; REC];
-    let mut ok = 1u32;
-    let put = |rec: &mut Vec<u8>, at: usize, b: &[u8]| rec[at..at + b.len()].copy_from_slice(b);
-    put(&mut rec, 0, &std::process::id().to_le_bytes());
-    put(&mut rec, 4, &inner.device.to_le_bytes());
-    for (k, (p, len)) in [(ip, ilen), (op, olen)].into_iter().enumerate() {
-        let at = 16 + k * 72;
-        // an empty window (a gather's output on a non-root rank) is not shared: no handle, and
-        // no pointer for peers to map (they tried to open the missing handle: found by the
-        // simulated driver)
-        let p = if len > 0 { p } else { 0 };
-        if p != 0 {
-            match driver::ipc_handle(p) {
-                Ok((h, off)) => {
-                    put(&mut rec, at, &h);
-                    put(&mut rec, at + 64, &off.to_le_bytes());
-                }
-                Err(e) => {
-                    tracing::debug!("no IPC handle for {p:#x} ({e}); staging");
-                    ok = 0;
-                }
-            }
-        }
-        put(&mut rec, 160 + k * 8, &p.to_le_bytes());
-    }
-    put(&mut rec, 8, &ok.to_le_bytes());
-    let t = phases::add(Phase::Export, t);
-    let mut all = vec![0u8; REC * n];
-    if let Err(e) = comm.all_gather(&rec, &mut all) {
-        return Some(Err(e));
-    }
-    let t = phases::add(Phase::Exchange, t);
-    let field = |q: usize, at: usize, len: usize| &all[q * REC + at..q * REC + at + len];
-    let u32_at = |q: usize, at: usize| u32::from_le_bytes(field(q, at, 4).try_into().unwrap());
-    let u64_at = |q: usize, at: usize| u64::from_le_bytes(field(q, at, 8).try_into().unwrap());
-    // every rank evaluates the same predicate on the same records
-    let all_ok = (0..n).all(|q| u32_at(q, 8) == 1)
-        && (0..n).all(|a| (0..n).all(|b| u32_at(a, 0) != u32_at(b, 0) || u32_at(a, 4) == u32_at(b, 4)));
-    if !all_ok {
-        return None;
-    }
-    // map every peer's windows (cached by handle: an allocation is opened once per process)
-    let me = std::process::id();
-    let mut addr = vec![[0u64; 2]; n];
-    let mut mapped = true;
-    for (q, a) in addr.iter_mut().enumerate() {
-        for k in 0..2 {
-            let raw = u64_at(q, 160 + k * 8);
-            if raw == 0 {
-                continue;
-            }
-            if u32_at(q, 0) == me {
-                a[k] = raw;
-                continue;
-            }
-            let h: [u8; 64] = field(q, 16 + k * 72, 64).try_into().unwrap();
-            let off = u64_at(q, 16 + k * 72 + 64);
-            let base = match w.ipc.get(&h) {
-                Some(&b) => Ok(b),
-                None => driver::ipc_open(&h).inspect(|&b| {
-                    w.ipc.insert(h, b);
-                }),
-            };
-            match base {
-                Ok(b) => a[k] = b + off,
-                Err(e) => {
-                    tracing::debug!("cannot map rank {q}'s buffer ({e}); staging");
-                    mapped = false;
-                }
-            }
-        }
-    }
-    // agree that everyone mapped everything (the same answer on every rank)
-    let mut flag = [u8::from(mapped)];
-    if let Err(e) = comm.all_reduce_inplace(&mut flag, ReduceOp::Min) {
-        return Some(Err(e));
-    }
-    if flag[0] == 0 {
-        return None;
-    }
-    let t = phases::add(Phase::Map, t);
-    let res = launch_one_shot(inner, w, d, &addr);
-    let t = phases::add(Phase::Kernel, t);
-    // nobody's gate opens (and nobody reuses its buffers) while a peer may still touch them;
-    // a kernel failure anywhere fails the operation everywhere
-    let mut flag = [u8::from(res.is_ok())];
-    let agreed = comm.all_reduce_inplace(&mut flag, ReduceOp::Min);
-    phases::add(Phase::Agree, t);
-    Some(res.and(agreed).and_then(|_| {
-        if flag[0] == 1 {
-            Ok(())
-        } else {
-            Err(Error::remote(format!("{}: a peer's IPC kernel failed", d.coll.name())).with_rank(r))
-        }
-    }))
-}
-
-/// This rank's share of a one-shot collective: one kernel on the worker's stream, then a
-/// sleeping wait for it.
-#[allow(clippy::needless_range_loop)] // parallel arrays indexed by rank
-fn launch_one_shot(inner: &Inner, w: &Worker, d: &OpDesc, addr: &[[u64; 2]]) -> Result<()> {
-    let comm = inner.host.comm();
-    let (n, r) = (comm.size(), comm.rank());
-    let es = d.dtype.size() as u64;
-    let count = d.count as u64;
-    let mut a = KernelArgs::default();
-    if let ReduceOp::PreMulSum(b) = d.op {
-        a.scalar = u64::from_le_bytes(b);
-    }
-    // chunks are whole 16-byte vectors so every chunk start stays aligned
-    let per = 16 / es.min(16);
-    let chunk = count.div_ceil(n as u64).div_ceil(per) * per;
-    let (start, len) = {
-        let s = (r as u64 * chunk).min(count);
-        (s, chunk.min(count - s))
-    };
-    let reduce_name = kernels::reduce_kernel_name(d.dtype, d.op);
-    let (name, elem) = match d.coll {
-        Coll::AllReduce | Coll::Reduce => {
-            for q in 0..n {
-                a.inputs[q] = addr[q][0] + start * es;
-            }
-            a.nin = n as u32;
-            if d.coll == Coll::AllReduce {
-                for q in 0..n {
-                    a.outputs[q] = addr[q][1] + start * es;
-                }
-                a.nout = n as u32;
-            } else {
-                a.outputs[0] = addr[d.root][1] + start * es;
-                a.nout = 1;
-            }
-            a.n = len;
-            a.post = if d.op == ReduceOp::Avg { n as u32 } else { 0 };
-            (reduce_name.as_str(), es as usize)
-        }
-        Coll::ReduceScatter => {
-            for q in 0..n {
-                a.inputs[q] = addr[q][0] + r as u64 * count * es;
-            }
-            a.nin = n as u32;
-            a.outputs[0] = addr[r][1];
-            a.nout = 1;
-            a.n = count;
-            a.post = if d.op == ReduceOp::Avg { n as u32 } else { 0 };
-            (reduce_name.as_str(), es as usize)
-        }
-        Coll::AllGather => {
-            a.inputs[0] = addr[r][0];
-            a.nin = 1;
-            for q in 0..n {
-                a.outputs[q] = addr[q][1] + r as u64 * count * es;
-            }
-            a.nout = n as u32;
-            a.n = count * es;
-            (kernels::COPY_KERNEL, 1)
-        }
-        Coll::Broadcast => {
-            let bytes = count * es;
-            let cb = bytes.div_ceil(n as u64).div_ceil(16) * 16;
-            let s = (r as u64 * cb).min(bytes);
-            a.inputs[0] = addr[d.root][0] + s;
-            a.nin = 1;
-            for q in 0..n {
-                a.outputs[q] = addr[q][1] + s;
-            }
-            a.nout = n as u32;
-            a.n = cb.min(bytes - s);
-            (kernels::COPY_KERNEL, 1)
-        }
-        _ => return Err(Error::new(ErrorKind::Internal, "not a one-shot collective")),
-    };
-    if a.n > 0 {
-        // SAFETY: the addresses are the ranks' windows (checked sizes), mapped in this process;
-        // our own stream.
-        unsafe { inner.module.launch(name, &a, elem, w.stream.raw())? };
-    }
-    w.stream.sync()
 }
 
 /// Where an operation's windows sit in its pinned region: (input offset, output offset), and

@@ -21,6 +21,7 @@
 pub mod bench;
 pub mod device;
 pub mod driver;
+mod ipc;
 pub mod kernels;
 pub mod nvrtc;
 pub mod phases;

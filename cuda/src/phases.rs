@@ -12,16 +12,12 @@ pub enum Phase {
     Queue,
     /// Waiting for the caller's stream to reach the operation (its inputs ready).
     Ready,
-    /// IPC one-shot: exporting this rank's buffers (`cuIpcGetMemHandle`).
-    Export,
-    /// IPC one-shot: exchanging the records through the host communicator.
-    Exchange,
-    /// IPC one-shot: mapping the peers' buffers, and agreeing that every rank could.
-    Map,
-    /// IPC one-shot: the kernel, launched and waited for.
+    /// IPC: this rank's input copied into its window (per round).
+    Window,
+    /// IPC: the host barriers around each round's kernel.
+    Barrier,
+    /// IPC: the kernel (or copies) computing this rank's output from the windows.
     Kernel,
-    /// IPC one-shot: the closing agreement (no rank reuses its buffers before all are done).
-    Agree,
     /// Staged: device to pinned host memory.
     CopyIn,
     /// Staged: the host collective.
@@ -30,14 +26,12 @@ pub enum Phase {
     CopyOut,
 }
 
-const ALL: [Phase; 10] = [
+const ALL: [Phase; 8] = [
     Phase::Queue,
     Phase::Ready,
-    Phase::Export,
-    Phase::Exchange,
-    Phase::Map,
+    Phase::Window,
+    Phase::Barrier,
     Phase::Kernel,
-    Phase::Agree,
     Phase::CopyIn,
     Phase::Host,
     Phase::CopyOut,
@@ -49,11 +43,9 @@ impl Phase {
         match self {
             Phase::Queue => "queue",
             Phase::Ready => "ready",
-            Phase::Export => "export",
-            Phase::Exchange => "exchange",
-            Phase::Map => "map",
+            Phase::Window => "window",
+            Phase::Barrier => "barrier",
             Phase::Kernel => "kernel",
-            Phase::Agree => "agree",
             Phase::CopyIn => "copy-in",
             Phase::Host => "host",
             Phase::CopyOut => "copy-out",
@@ -61,8 +53,8 @@ impl Phase {
     }
 }
 
-static NS: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
-static COUNT: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+static NS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static COUNT: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 
 /// Count the time since `since` towards `p`; returns now (the start of the next phase).
 pub(crate) fn add(p: Phase, since: Instant) -> Instant {

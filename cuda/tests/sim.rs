@@ -191,11 +191,15 @@ fn freeing_a_buffer_with_a_collective_pending_waits_for_it() {
                 let input = vec![r as u8 + 1; n];
                 let send = DeviceBuffer::from_host(&input).unwrap();
                 let recv = DeviceBuffer::zeroed(n).unwrap();
+                let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
+                let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
+                // a first collective makes the IPC windows (its call waits for every rank)
+                // SAFETY: buffers of this GPU, alive until the sync.
+                unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
+                st.sync().unwrap();
                 if r == 1 {
                     std::thread::sleep(std::time::Duration::from_millis(300));
                 }
-                let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
-                let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
                 // SAFETY: buffers of this GPU; `send` is freed below while the operation may be
                 // pending, which is what is tested: the free waits for it.
                 unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
