@@ -13,7 +13,7 @@
 //!
 //! Two executors, chosen identically by every rank (the choice is agreed on by the ranks):
 //! - **CUDA IPC** (all ranks on one host, at most 8, all-reduce, reduce-scatter, all-gather,
-//!   broadcast, reduce): through device windows that every rank maps once ([`crate::ipc`];
+//!   broadcast, reduce): through device windows that every rank maps once (`ipc.rs`;
 //!   same-process ranks use the pointers directly; several ranks may share one GPU, unlike
 //!   NCCL). Inputs are folded in rank order, so the result is bit-identical to the host
 //!   reference whatever the rank count.

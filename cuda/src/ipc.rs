@@ -150,24 +150,28 @@ fn stride(l: u64, es: u64) -> u64 {
     l.div_ceil(unit) * unit
 }
 
+/// `bytes` from `src` to `dst` on `s` (device addresses: windows, mapped windows, or the
+/// operation's buffers, each sized for the round by [`run`]).
+fn copy(s: &Stream, dst: u64, src: u64, bytes: u64) -> Result<()> {
+    // SAFETY: both ranges are device memory of this round (`run` sized the rounds to the
+    // windows, and the operation's buffers hold its elements: enqueue's contract); our stream,
+    // which is synchronised before the round's memory is reused.
+    unsafe { driver::copy_d2d(dst, src, bytes as usize, s.raw()) }
+}
+
 /// Copy this rank's share of elements `[a, a + l)` into its window, and wait for the copy.
 fn fill(s: &Stream, w: &Window, d: &OpDesc, r: usize, ip: u64, a: usize, l: usize) -> Result<()> {
     let es = d.dtype.size() as u64;
     let (a, l) = (a as u64, l as u64);
     let win = w.local.ptr();
-    // SAFETY (each copy): the window holds a round's bytes (`run` sized the round), and the
-    // input window holds the operation's (enqueue's contract); our own stream.
     match d.coll {
-        Coll::AllReduce | Coll::Reduce | Coll::AllGather => unsafe {
-            driver::copy_d2d(win, ip + a * es, (l * es) as usize, s.raw())?
-        },
-        Coll::Broadcast if r == d.root => unsafe { driver::copy_d2d(win, ip + a * es, (l * es) as usize, s.raw())? },
+        Coll::AllReduce | Coll::Reduce | Coll::AllGather => copy(s, win, ip + a * es, l * es)?,
+        Coll::Broadcast if r == d.root => copy(s, win, ip + a * es, l * es)?,
         Coll::Broadcast => {}
         Coll::ReduceScatter => {
             let count = d.count as u64;
             for b in 0..w.peers.len() as u64 {
-                let at = win + b * stride(l, es) * es;
-                unsafe { driver::copy_d2d(at, ip + (b * count + a) * es, (l * es) as usize, s.raw())? };
+                copy(s, win + b * stride(l, es) * es, ip + (b * count + a) * es, l * es)?;
             }
         }
         _ => return Err(Error::new(oxccl::ErrorKind::Internal, "not a one-shot collective")),
@@ -206,12 +210,10 @@ fn compute(module: &Module, s: &Stream, w: &Window, d: &OpDesc, r: usize, op: u6
         Coll::AllGather => {
             let count = d.count as u64;
             for (q, &p) in w.peers.iter().enumerate() {
-                // SAFETY: as above.
-                unsafe { driver::copy_d2d(op + (q as u64 * count + a) * es, p, (l * es) as usize, s.raw())? };
+                copy(s, op + (q as u64 * count + a) * es, p, l * es)?;
             }
         }
-        // SAFETY: as above.
-        Coll::Broadcast => unsafe { driver::copy_d2d(op + a * es, w.peers[d.root], (l * es) as usize, s.raw())? },
+        Coll::Broadcast => copy(s, op + a * es, w.peers[d.root], l * es)?,
         _ => return Err(Error::new(oxccl::ErrorKind::Internal, "not a one-shot collective")),
     }
     s.sync()
