@@ -319,3 +319,54 @@ fn host_functions_of_all_streams_run_one_at_a_time() {
     sb.sync().unwrap();
     assert_eq!(STATE.load(Ordering::SeqCst), 1, "B ran while A was running: host functions are not serialised");
 }
+
+/// Point-to-point first, then collectives without waiting in between: the IPC windows are made
+/// at the first collective (a call that waits for every rank, after this communicator's staged
+/// sends are done), and a queue deeper than the 16 operations allowed in flight (the later calls
+/// wait for room) still completes, in order and right.
+#[test]
+fn windows_after_point_to_point_and_a_deep_queue() {
+    let Some(_serial) = sim() else { return };
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for c in comms {
+            s.spawn(move || {
+                let r = c.rank();
+                let (dc, st) = device_comm(c);
+                let us = UserStream(st.raw() as usize);
+                let n = 1000;
+                let mine: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ r as u8).collect();
+                let (send, recv) = (DeviceBuffer::from_host(&mine).unwrap(), DeviceBuffer::zeroed(n).unwrap());
+                let p2p = vec![
+                    (
+                        OpDesc { coll: Coll::Send, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 1 - r },
+                        DevMem::Split { send: send.ptr(), send_len: n, recv: 0, recv_len: 0 },
+                    ),
+                    (
+                        OpDesc { coll: Coll::Recv, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 1 - r },
+                        DevMem::Split { send: 0, send_len: 0, recv: recv.ptr(), recv_len: n },
+                    ),
+                ];
+                let ones: Vec<u8> = (0..n).flat_map(|_| (r as u32 + 1).to_le_bytes()).collect();
+                let (a, sum) = (DeviceBuffer::from_host(&ones).unwrap(), DeviceBuffer::zeroed(4 * n).unwrap());
+                let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U32, op: ReduceOp::Sum, count: n, root: 0 };
+                let m = DevMem::Split { send: a.ptr(), send_len: 4 * n, recv: sum.ptr(), recv_len: 4 * n };
+                let before = oxccl_cuda::device::path_counts();
+                // SAFETY: buffers of this GPU, alive until the sync below.
+                unsafe {
+                    dc.enqueue(p2p, us).unwrap();
+                    for _ in 0..100 {
+                        dc.enqueue(vec![(d, m)], us).unwrap();
+                    }
+                }
+                st.sync().unwrap();
+                assert!(dc.error().is_none(), "{:?}", dc.error());
+                let theirs: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ (1 - r) as u8).collect();
+                assert_eq!(recv.to_host().unwrap(), theirs, "rank {r}: send/recv");
+                let three: Vec<u8> = (0..n).flat_map(|_| 3u32.to_le_bytes()).collect();
+                assert_eq!(sum.to_host().unwrap(), three, "rank {r}: all-reduce");
+                assert!(oxccl_cuda::device::path_counts().ipc >= before.ipc + 100, "not through the windows");
+            });
+        }
+    });
+}
