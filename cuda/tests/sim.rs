@@ -82,33 +82,41 @@ fn device_comm(c: Communicator) -> (Arc<DeviceComm>, Stream) {
     (dc, Stream::new().unwrap())
 }
 
+/// Run `body(rank, device communicator, stream)` on 2 ranks of this process, a thread each.
+fn two_ranks(body: impl Fn(usize, &DeviceComm, &Stream) + Sync) {
+    let comms = Communicator::init_all(2).unwrap();
+    std::thread::scope(|s| {
+        for c in comms {
+            let body = &body;
+            s.spawn(move || {
+                let r = c.rank();
+                let (dc, st) = device_comm(c);
+                body(r, &dc, &st);
+            });
+        }
+    });
+}
+
 #[test]
 fn stream_order_is_kept_before_and_after_a_collective() {
     let Some(_serial) = sim() else { return };
     // 2 ranks on one GPU: each memsets its input on its stream, enqueues the all-reduce and then
     // copies the result out, all without waiting in between: only stream order makes it right
-    let comms = Communicator::init_all(2).unwrap();
-    std::thread::scope(|s| {
-        for c in comms {
-            s.spawn(move || {
-                let r = c.rank() as u8;
-                let (dc, st) = device_comm(c);
-                let n = 1 << 16;
-                let send = DeviceBuffer::zeroed(n).unwrap();
-                let recv = DeviceBuffer::zeroed(n).unwrap();
-                let mut out = vec![0u8; n];
-                // SAFETY: buffers of this GPU and a host buffer, all alive until the sync below.
-                unsafe {
-                    assert_eq!(cu::cuMemsetD8Async(send.ptr(), r + 1, n, st.raw()), cu::CUresult::CUDA_SUCCESS);
-                    let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
-                    let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
-                    dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap();
-                    driver::copy_d2h(out.as_mut_ptr(), recv.ptr(), n, st.raw()).unwrap();
-                }
-                st.sync().unwrap();
-                assert!(out.iter().all(|&b| b == 3), "rank {r}: {:?}", &out[..8]);
-            });
+    two_ranks(|r, dc, st| {
+        let n = 1 << 16;
+        let send = DeviceBuffer::zeroed(n).unwrap();
+        let recv = DeviceBuffer::zeroed(n).unwrap();
+        let mut out = vec![0u8; n];
+        // SAFETY: buffers of this GPU and a host buffer, all alive until the sync below.
+        unsafe {
+            assert_eq!(cu::cuMemsetD8Async(send.ptr(), r as u8 + 1, n, st.raw()), cu::CUresult::CUDA_SUCCESS);
+            let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
+            let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
+            dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap();
+            driver::copy_d2h(out.as_mut_ptr(), recv.ptr(), n, st.raw()).unwrap();
         }
+        st.sync().unwrap();
+        assert!(out.iter().all(|&b| b == 3), "rank {r}: {:?}", &out[..8]);
     });
 }
 
@@ -181,37 +189,30 @@ fn a_stream_being_captured_is_refused_clearly() {
 #[test]
 fn freeing_a_buffer_with_a_collective_pending_waits_for_it() {
     let Some(_serial) = sim() else { return };
-    let comms = Communicator::init_all(2).unwrap();
-    std::thread::scope(|s| {
-        for c in comms {
-            s.spawn(move || {
-                let r = c.rank();
-                let (dc, st) = device_comm(c);
-                let n = 1 << 14;
-                let input = vec![r as u8 + 1; n];
-                let send = DeviceBuffer::from_host(&input).unwrap();
-                let recv = DeviceBuffer::zeroed(n).unwrap();
-                let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
-                let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
-                // a first collective makes the IPC windows (its call waits for every rank)
-                // SAFETY: buffers of this GPU, alive until the sync.
-                unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
-                st.sync().unwrap();
-                if r == 1 {
-                    std::thread::sleep(std::time::Duration::from_millis(300));
-                }
-                // SAFETY: buffers of this GPU; `send` is freed below while the operation may be
-                // pending, which is what is tested: the free waits for it.
-                unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
-                let t = std::time::Instant::now();
-                drop(send); // cuMemFree
-                if r == 0 {
-                    assert!(t.elapsed() >= std::time::Duration::from_millis(150), "the free did not wait");
-                }
-                st.sync().unwrap();
-                assert!(recv.to_host().unwrap().iter().all(|&b| b == 3), "rank {r}");
-            });
+    two_ranks(|r, dc, st| {
+        let n = 1 << 14;
+        let input = vec![r as u8 + 1; n];
+        let send = DeviceBuffer::from_host(&input).unwrap();
+        let recv = DeviceBuffer::zeroed(n).unwrap();
+        let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 0 };
+        let m = DevMem::Split { send: send.ptr(), send_len: n, recv: recv.ptr(), recv_len: n };
+        // a first collective makes the IPC windows (its call waits for every rank)
+        // SAFETY: buffers of this GPU, alive until the sync.
+        unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
+        st.sync().unwrap();
+        if r == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
         }
+        // SAFETY: buffers of this GPU; `send` is freed below while the operation may be
+        // pending, which is what is tested: the free waits for it.
+        unsafe { dc.enqueue(vec![(d, m)], UserStream(st.raw() as usize)).unwrap() };
+        let t = std::time::Instant::now();
+        drop(send); // cuMemFree
+        if r == 0 {
+            assert!(t.elapsed() >= std::time::Duration::from_millis(150), "the free did not wait");
+        }
+        st.sync().unwrap();
+        assert!(recv.to_host().unwrap().iter().all(|&b| b == 3), "rank {r}");
     });
 }
 
@@ -327,46 +328,39 @@ fn host_functions_of_all_streams_run_one_at_a_time() {
 #[test]
 fn windows_after_point_to_point_and_a_deep_queue() {
     let Some(_serial) = sim() else { return };
-    let comms = Communicator::init_all(2).unwrap();
-    std::thread::scope(|s| {
-        for c in comms {
-            s.spawn(move || {
-                let r = c.rank();
-                let (dc, st) = device_comm(c);
-                let us = UserStream(st.raw() as usize);
-                let n = 1000;
-                let mine: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ r as u8).collect();
-                let (send, recv) = (DeviceBuffer::from_host(&mine).unwrap(), DeviceBuffer::zeroed(n).unwrap());
-                let p2p = vec![
-                    (
-                        OpDesc { coll: Coll::Send, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 1 - r },
-                        DevMem::Split { send: send.ptr(), send_len: n, recv: 0, recv_len: 0 },
-                    ),
-                    (
-                        OpDesc { coll: Coll::Recv, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 1 - r },
-                        DevMem::Split { send: 0, send_len: 0, recv: recv.ptr(), recv_len: n },
-                    ),
-                ];
-                let ones: Vec<u8> = (0..n).flat_map(|_| (r as u32 + 1).to_le_bytes()).collect();
-                let (a, sum) = (DeviceBuffer::from_host(&ones).unwrap(), DeviceBuffer::zeroed(4 * n).unwrap());
-                let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U32, op: ReduceOp::Sum, count: n, root: 0 };
-                let m = DevMem::Split { send: a.ptr(), send_len: 4 * n, recv: sum.ptr(), recv_len: 4 * n };
-                let before = oxccl_cuda::device::path_counts();
-                // SAFETY: buffers of this GPU, alive until the sync below.
-                unsafe {
-                    dc.enqueue(p2p, us).unwrap();
-                    for _ in 0..100 {
-                        dc.enqueue(vec![(d, m)], us).unwrap();
-                    }
-                }
-                st.sync().unwrap();
-                assert!(dc.error().is_none(), "{:?}", dc.error());
-                let theirs: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ (1 - r) as u8).collect();
-                assert_eq!(recv.to_host().unwrap(), theirs, "rank {r}: send/recv");
-                let three: Vec<u8> = (0..n).flat_map(|_| 3u32.to_le_bytes()).collect();
-                assert_eq!(sum.to_host().unwrap(), three, "rank {r}: all-reduce");
-                assert!(oxccl_cuda::device::path_counts().ipc >= before.ipc + 100, "not through the windows");
-            });
+    two_ranks(|r, dc, st| {
+        let us = UserStream(st.raw() as usize);
+        let n = 1000;
+        let mine: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ r as u8).collect();
+        let (send, recv) = (DeviceBuffer::from_host(&mine).unwrap(), DeviceBuffer::zeroed(n).unwrap());
+        let p2p = vec![
+            (
+                OpDesc { coll: Coll::Send, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 1 - r },
+                DevMem::Split { send: send.ptr(), send_len: n, recv: 0, recv_len: 0 },
+            ),
+            (
+                OpDesc { coll: Coll::Recv, dtype: DataType::U8, op: ReduceOp::Sum, count: n, root: 1 - r },
+                DevMem::Split { send: 0, send_len: 0, recv: recv.ptr(), recv_len: n },
+            ),
+        ];
+        let ones: Vec<u8> = (0..n).flat_map(|_| (r as u32 + 1).to_le_bytes()).collect();
+        let (a, sum) = (DeviceBuffer::from_host(&ones).unwrap(), DeviceBuffer::zeroed(4 * n).unwrap());
+        let d = OpDesc { coll: Coll::AllReduce, dtype: DataType::U32, op: ReduceOp::Sum, count: n, root: 0 };
+        let m = DevMem::Split { send: a.ptr(), send_len: 4 * n, recv: sum.ptr(), recv_len: 4 * n };
+        let before = oxccl_cuda::device::path_counts();
+        // SAFETY: buffers of this GPU, alive until the sync below.
+        unsafe {
+            dc.enqueue(p2p, us).unwrap();
+            for _ in 0..100 {
+                dc.enqueue(vec![(d, m)], us).unwrap();
+            }
         }
+        st.sync().unwrap();
+        assert!(dc.error().is_none(), "{:?}", dc.error());
+        let theirs: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ (1 - r) as u8).collect();
+        assert_eq!(recv.to_host().unwrap(), theirs, "rank {r}: send/recv");
+        let three: Vec<u8> = (0..n).flat_map(|_| 3u32.to_le_bytes()).collect();
+        assert_eq!(sum.to_host().unwrap(), three, "rank {r}: all-reduce");
+        assert!(oxccl_cuda::device::path_counts().ipc >= before.ipc + 100, "not through the windows");
     });
 }
