@@ -182,6 +182,8 @@ struct Inner {
     gate: driver::GateWord,
     /// The CUDA IPC windows: made by the caller of the first eligible operation.
     window: Mutex<WindowState>,
+    /// The staged path's pinned memory, grown by callers before they park their streams.
+    staging: Mutex<Staging>,
     /// Signalled when a job is queued or shutdown is asked (the worker waits on it).
     work: Condvar,
     /// Signalled when the worker finishes a job (`drain` waits on it).
@@ -205,6 +207,21 @@ impl Inner {
     /// one-shot path implements, with no algorithm restriction. Every rank decides alike.
     fn ipc_eligible(&self, ops: &[(OpDesc, CallOptions, DevMem)]) -> bool {
         self.ipc_allowed && ops.len() == 1 && one_shot(ops[0].0.coll) && !ops[0].1.algos.is_restricted()
+    }
+
+    /// Grow the staging buffer for a job that will be staged, in the caller's thread before its
+    /// stream is parked: the worker allocates nothing while a stream waits on it (allocating
+    /// page-locked memory is one of the calls CUDA may order after other streams' work).
+    fn ensure_staging(&self, ops: &[(OpDesc, CallOptions, DevMem)]) -> Result<()> {
+        let total = staging_bytes(ops);
+        let mut st = self.staging.lock().unwrap();
+        if st.current.as_ref().is_none_or(|p| p.len() < total) {
+            let p = Arc::new(Pinned::new(total.next_power_of_two())?);
+            if let Some(old) = st.current.replace(p) {
+                st.retired.push(old);
+            }
+        }
+        Ok(())
     }
 
     /// Make the windows at the first eligible operation, in the caller's thread, before its
@@ -277,6 +294,7 @@ impl DeviceComm {
             queue: Mutex::new(Queue::default()),
             gate: driver::GateWord::new()?,
             window: Mutex::new(WindowState::Untried),
+            staging: Mutex::new(Staging::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
             error: Mutex::new(None),
@@ -355,6 +373,11 @@ impl DeviceComm {
             }
             if self.inner.ipc_eligible(&ops) {
                 self.inner.ensure_window()?;
+            }
+            let windowed =
+                self.inner.ipc_eligible(&ops) && matches!(*self.inner.window.lock().unwrap(), WindowState::On(_));
+            if !windowed {
+                self.inner.ensure_staging(&ops)?;
             }
             let ready = Event::new()?;
             // SAFETY: as above.
@@ -479,11 +502,17 @@ impl Drop for DeviceComm {
     }
 }
 
-/// Worker state: its stream and staging memory.
+/// Worker state: its stream.
 struct Worker {
     stream: Stream,
-    staging: Option<Pinned>,
-    retired: Vec<Pinned>,
+}
+
+/// The staged path's pinned memory: the current buffer, and those it replaced (never freed
+/// while operations may be in flight: `cuMemFreeHost` synchronises the device).
+#[derive(Default)]
+struct Staging {
+    current: Option<Arc<Pinned>>,
+    retired: Vec<Arc<Pinned>>,
 }
 
 fn worker_main(inner: Arc<Inner>) {
@@ -491,7 +520,7 @@ fn worker_main(inner: Arc<Inner>) {
     // without a stream the worker still serves the queue: every job fails (the error is
     // recorded) and its gate opens, so no stream and no `drain` waits for it
     let mut w = match init {
-        Ok(stream) => Some(Worker { stream, staging: None, retired: Vec::new() }),
+        Ok(stream) => Some(Worker { stream }),
         Err(e) => {
             *inner.error.lock().unwrap() = Some(e);
             None
@@ -552,7 +581,7 @@ fn run_job(inner: &Inner, w: &mut Worker, job: &Job) -> Result<()> {
             return Ok(());
         }
     }
-    staged(comm, w, &job.ops)?;
+    staged(inner, w, &job.ops)?;
     COUNTS.lock().unwrap().staged += 1;
     Ok(())
 }
@@ -572,17 +601,22 @@ fn pinned_layout(m: &DevMem) -> (usize, usize, usize) {
     (i, o, m.pinned_len().div_ceil(64) * 64)
 }
 
+/// The pinned bytes a staged job needs.
+fn staging_bytes(ops: &[(OpDesc, CallOptions, DevMem)]) -> usize {
+    ops.iter().map(|(_, _, m)| pinned_layout(m).2).sum()
+}
+
 /// The staged path: device → pinned host → host collective(s) → device.
-fn staged(comm: &Communicator, w: &mut Worker, ops: &[(OpDesc, CallOptions, DevMem)]) -> Result<()> {
+fn staged(inner: &Inner, w: &Worker, ops: &[(OpDesc, CallOptions, DevMem)]) -> Result<()> {
+    let comm = inner.host.comm();
     let (n, r) = (comm.size(), comm.rank());
-    let total: usize = ops.iter().map(|(_, _, m)| pinned_layout(m).2).sum();
-    if w.staging.as_ref().is_none_or(|p| p.len() < total) {
-        let p = Pinned::new(total.next_power_of_two())?;
-        if let Some(old) = w.staging.replace(p) {
-            w.retired.push(old); // freeing pinned memory synchronises the device: later
-        }
-    }
-    let pin = w.staging.as_ref().unwrap().ptr();
+    let total = staging_bytes(ops);
+    // sized by the caller before it parked its stream (`Inner::ensure_staging`)
+    let staging = inner.staging.lock().unwrap().current.clone().filter(|p| p.len() >= total);
+    let Some(staging) = staging else {
+        return Err(Error::new(ErrorKind::Internal, "the staging buffer was not sized before the operation"));
+    };
+    let pin = staging.ptr();
     // per op: its region's offset, and the pinned and device windows of its input and output
     let mut at = 0usize;
     let mut regions = Vec::with_capacity(ops.len());

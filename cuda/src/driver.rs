@@ -277,6 +277,8 @@ pub struct Pinned {
 }
 // SAFETY: plain host memory.
 unsafe impl Send for Pinned {}
+// SAFETY: shared only as an address: the device worker alone reads and writes the bytes.
+unsafe impl Sync for Pinned {}
 
 impl Pinned {
     /// `len` bytes (at least 1).
