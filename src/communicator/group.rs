@@ -106,7 +106,7 @@ impl<'a> Group<'a> {
         for c in &comms {
             c.sh.wait_async_idle();
         }
-        let now = Instant::now(); // one clock read for the deadline and the flight record
+        let now = oxccl_simd::clock::now(); // one (unfenced) clock read for the deadline and the flight record
         let mut runs = Runs::new();
         self.prepare(&comms, now, &mut runs)?;
         let shareds: Few<&Shared> = comms.iter().map(|c| &*c.sh).collect();
@@ -179,7 +179,7 @@ pub(crate) fn policy(shareds: &[&Shared], now: Instant) -> Policy {
 /// stopped (a dead peer is found by the transport, which knows the peer but not the call), with
 /// the timeout census, and made the communicators' sticky error.
 pub(crate) fn conclude(shareds: &[&Shared], runs: &[OpRun<'_>], res: Result<()>) -> Result<()> {
-    let end = Instant::now();
+    let end = oxccl_simd::clock::now();
     for r in runs {
         shareds[r.comm].completed(r, end);
     }

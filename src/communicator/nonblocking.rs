@@ -7,7 +7,6 @@ use crate::schedule::Coll;
 use crate::select::CallOptions;
 use crate::types::{Element, ReduceOp};
 use crate::{Error, Result};
-use std::time::Instant;
 
 impl Communicator {
     // ---- non-blocking forms ----------------------------------------------------------------
@@ -29,11 +28,11 @@ impl Communicator {
         let mut g = Group::new();
         g.add_with(self, desc, opts, mem)?;
         let mut runs = super::group::Runs::new();
-        g.prepare(&[self], Instant::now(), &mut runs)?;
+        let started = oxccl_simd::clock::now();
+        g.prepare(&[self], started, &mut runs)?;
         let run =
             runs.pop().and_then(|r| r.into_static()).ok_or_else(|| Error::internal("owned op lost its buffers"))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let started = Instant::now();
         let sh = &self.sh;
         let policy = Policy {
             spin: sh.spin,

@@ -9,7 +9,6 @@ use super::*;
 use crate::exec::{drive, quick_polls, Observe, OpRun};
 use crate::select::CallOptions;
 use crate::Result;
-use std::time::Instant;
 
 impl Communicator {
     /// Run one checked operation to completion.
@@ -18,7 +17,7 @@ impl Communicator {
         let _scope = crate::log::RankScope::new(sh.rank);
         let _guard = self.enter()?;
         sh.wait_async_idle();
-        let now = Instant::now(); // one clock read for the deadline and the flight record
+        let now = oxccl_simd::clock::now(); // one (unfenced) clock read for the deadline and the flight record
         let mut st = sh.state.lock().unwrap();
         let t = take(sh, &mut st, true, &d, &opts, None)?;
         let mut run = OpRun::new(0, sh.rank, sh.nranks, sh.comm_id, t.seq, t.fp, t.sched, mem);

@@ -192,7 +192,7 @@ impl crate::progress::AsyncComm for Shared {
         self.set_error(e)
     }
     fn completed(&self, run: &crate::exec::OpRun<'static>) {
-        self.completed(run, Instant::now());
+        self.completed(run, oxccl_simd::clock::now());
     }
     fn queued(&self, more: bool) {
         let mut g = self.async_pending.lock().unwrap();
