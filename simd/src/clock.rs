@@ -10,7 +10,7 @@
 //! read together, at a rate measured from the process's first reading to the anchor. The
 //! anchor is renewed once it is 1/16 of that baseline old (at most [`MAX_SPAN`]), so an
 //! extrapolation never runs longer than a sixteenth of what measured its rate. Until the
-//! baseline is [`MIN_BASELINE`] long, and wherever the kernel does not itself keep time by the
+//! baseline is [`MIN_BASELINE`] long (it starts at [`start`], or else at the first [`now`]), and wherever the kernel does not itself keep time by the
 //! counter (its clock source is not `tsc`: the counter may differ between cores or stop in
 //! sleep), [`now`] is `Instant::now()`. Readings may step back at a renewal by the estimate's
 //! error (nanoseconds): take differences with `saturating_duration_since`.
@@ -19,8 +19,11 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The shortest baseline a rate is measured over.
-pub const MIN_BASELINE: Duration = Duration::from_millis(2);
+/// The shortest baseline a rate is measured over. The error of a rate is the error of the two
+/// readings it spans over the baseline's length, and an anchor is extrapolated over a
+/// sixteenth of that length, so the error of a time is a sixteenth of the readings' error
+/// whatever the baseline.
+pub const MIN_BASELINE: Duration = Duration::from_micros(100);
 /// The longest an anchor is extrapolated.
 pub const MAX_SPAN: Duration = Duration::from_millis(50);
 
@@ -64,6 +67,13 @@ impl Anchor {
     }
 }
 
+/// Take the process's first reading, if not taken yet: the rate is measured from it, and
+/// [`now`] is `Instant::now()` until [`MIN_BASELINE`] after it. Call it early (oxccl does at
+/// communicator set-up), so that a short job's calls are already timed by the counter.
+pub fn start() {
+    BASE.get_or_init(first);
+}
+
 /// Now, from the time-stamp counter where the kernel keeps time by it, else `Instant::now()`.
 #[inline]
 pub fn now() -> Instant {
@@ -78,16 +88,37 @@ pub fn now() -> Instant {
 /// A fresh anchor for this thread; returns the time it read.
 #[cold]
 fn renew(a: &Cell<Option<Anchor>>, base: (Instant, u64)) -> Instant {
-    let at = Instant::now();
-    a.set(Anchor::new(base, at, tsc::read()));
+    let (at, t) = pair();
+    a.set(Anchor::new(base, at, t));
     at
 }
+
+/// `Instant::now()` and the counter read together: the counter's midpoint around the clock
+/// reading, taken again (up to twice) if the two counter readings are far apart (the thread
+/// was interrupted).
+fn pair() -> (Instant, u64) {
+    let mut best = None;
+    for _ in 0..3 {
+        let (t1, at, t2) = (tsc::read(), Instant::now(), tsc::read());
+        let gap = t2.wrapping_sub(t1);
+        if best.is_none_or(|(g, _, _)| gap < g) {
+            best = Some((gap, at, t1 + gap / 2));
+        }
+        if gap < CLOSE {
+            break;
+        }
+    }
+    best.map(|(_, at, t)| (at, t)).unwrap_or_else(|| (Instant::now(), tsc::read()))
+}
+
+/// Counter ticks within which two readings count as together (about 4 µs at 2.5 GHz).
+const CLOSE: u64 = 10_000;
 
 /// The process's first reading, if the counter can be used.
 fn first() -> Option<(Instant, u64)> {
     let source = std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource");
     let trusted = tsc::AVAILABLE && source.is_ok_and(|s| s.trim() == "tsc");
-    trusted.then(|| (Instant::now(), tsc::read()))
+    trusted.then(pair)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -132,7 +163,7 @@ mod tests {
     #[test]
     fn no_rate_from_a_short_baseline_or_a_counter_that_did_not_move() {
         let t0 = Instant::now();
-        assert!(Anchor::new((t0, 0), t0 + Duration::from_micros(100), 240_000).is_none());
+        assert!(Anchor::new((t0, 0), t0 + Duration::from_micros(50), 120_000).is_none());
         assert!(Anchor::new((t0, 5), t0 + Duration::from_secs(1), 5).is_none());
         assert!(Anchor::new((t0, 5), t0 + Duration::from_secs(1), 4).is_none());
         // a long baseline: the span stops at MAX_SPAN

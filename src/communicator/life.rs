@@ -93,6 +93,7 @@ impl Communicator {
     pub(super) fn join(rdv: Rendezvous, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
         crate::config::init_logging();
         let _scope = crate::log::RankScope::new(rank);
+        oxccl_simd::clock::start(); // (its rate is measured from here, over the set-up)
         let t0 = Instant::now();
         let ip = bootstrap::choose_ip(cfg.socket_ifname.as_deref(), rdv.root_ip).map_err(|e| e.with_rank(rank))?;
         let beacon = if cfg.beacon { crate::beacon::start(ip) } else { None };
