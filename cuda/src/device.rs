@@ -4,8 +4,9 @@
 //! stream (the operation's inputs are ready when it fires), enqueues a *gate* on the same stream
 //! (work enqueued after the call waits for the operation), hands the job to the communicator's
 //! worker thread and returns at once. The gate is a `cuStreamWaitValue32` on a word of pinned
-//! host memory: job k waits until the word reaches k. The worker sleeps on the event
-//! (`CU_EVENT_BLOCKING_SYNC`: no busy loop), runs the operation, then stores k. CUDA work
+//! host memory: job k waits until the word reaches k. The worker waits for the event (polling
+//! it for 50 µs, then sleeping on it: `CU_EVENT_BLOCKING_SYNC`, no busy loop), runs the
+//! operation, then stores k. CUDA work
 //! before the call is therefore ordered before it and work after it is ordered after it;
 //! completion is observed by synchronising the stream. (A blocking CUDA host function would not
 //! do as the gate: the driver runs every stream's host functions on one thread, so one rank's
