@@ -412,9 +412,16 @@ impl TcpRecv {
             if self.end == self.buf.len() {
                 return Ok(());
             }
+            let room = self.buf.len() - self.end;
             match self.s.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
                     self.eof = true;
+                    return Ok(());
+                }
+                // a short read emptied the socket: asking again would only say so (one system
+                // call more per received frame, on the critical path of a small message)
+                Ok(n) if n < room => {
+                    self.end += n;
                     return Ok(());
                 }
                 Ok(n) => self.end += n,
