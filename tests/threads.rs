@@ -60,39 +60,6 @@ fn eight_ranks_large_messages_over_shm_and_tcp() {
     }
 }
 
-/// Single copy (CMA): large out-of-place operations send stable values by reference to
-/// receivers that only copy, which read them straight from the sender's memory (a receiver that
-/// combines would only copy it into a slot first, with the kernel's slower copy: every message
-/// sent by reference is received directly); results are exact with it and without it, and
-/// turning it off sends nothing by reference.
-#[test]
-fn single_copy_by_reference_is_exact_and_used() {
-    use oxccl::exec::single_copy_counts;
-    for cma in [true, false] {
-        let mut cf = cfg();
-        cf.chunk_bytes = 64 << 10;
-        cf.cma = cma;
-        cf.cma_min_bytes = 4096;
-        let comms = Communicator::init_all_with_config(4, cf).unwrap();
-        let before = single_copy_counts();
-        on_all(comms, |c| {
-            for coll in Coll::COLLECTIVES {
-                check(c, coll, DataType::F32, ReduceOp::Sum, 50_001, 1, false);
-                if coll != Coll::AllToAll {
-                    check(c, coll, DataType::F32, ReduceOp::Sum, 20_003, 2, true);
-                }
-            }
-            check(c, Coll::AllReduce, DataType::BF16, ReduceOp::Avg, 77_777, 0, false);
-            check(c, Coll::AllReduce, DataType::F16, oxccl::exact::premul_two(DataType::F16), 40_000, 0, false);
-        });
-        let after = single_copy_counts();
-        if cma {
-            assert!(after.0 > before.0 && after.1 > before.1, "single copy was not used: {before:?} -> {after:?}");
-            assert_eq!(after.0 - before.0, after.1 - before.1, "sent by reference to a receiver that combines");
-        }
-    }
-}
-
 /// An out-of-place all-reduce whose output is at least `STREAM_MIN` bytes and which the schedule
 /// never reads back (2 ranks: recursive doubling) writes it with streaming stores, exactly (when
 /// it does not stream is `exec::step`'s unit test: other tests run alongside this one).
