@@ -16,6 +16,7 @@
 //! error (nanoseconds): take differences with `saturating_duration_since`.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -74,9 +75,21 @@ pub fn start() {
     BASE.get_or_init(first);
 }
 
+/// From here on, [`now`] is `Instant::now()` in this process: for a caller that compares its
+/// readings with `Instant::now()`'s to the nanosecond (a trace of operations and their steps),
+/// which the counter's estimate (tens of nanoseconds off) would not match.
+pub fn precise() {
+    PRECISE.store(true, Ordering::Relaxed);
+}
+
+static PRECISE: AtomicBool = AtomicBool::new(false);
+
 /// Now, from the time-stamp counter where the kernel keeps time by it, else `Instant::now()`.
 #[inline]
 pub fn now() -> Instant {
+    if PRECISE.load(Ordering::Relaxed) {
+        return Instant::now();
+    }
     let Some(base) = *BASE.get_or_init(first) else { return Instant::now() };
     let t = tsc::read();
     ANCHOR.with(|a| match a.get().and_then(|x| x.time(t)) {

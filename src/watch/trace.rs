@@ -19,6 +19,8 @@ const KEEP: usize = 1 << 20;
 /// Record operations and steps from now on.
 pub fn enable() {
     base();
+    // operations' times must match their steps' (read with `Instant::now()`) to the nanosecond
+    oxccl_simd::clock::precise();
     ON.store(true, Ordering::Relaxed);
 }
 
