@@ -35,6 +35,12 @@ pub struct Config {
     pub cma: bool,
     /// See [`Config::cma`].
     pub cma_min_bytes: usize,
+    /// Smaller operations (count × type size) in this range, default 32 KiB..256 KiB
+    /// (`OXCCL_CMA_FORWARD_MIN_BYTES`, `OXCCL_CMA_FORWARD_MAX_BYTES`), send by reference only
+    /// the messages that pass the sender's unchanged input on (all-gather, broadcast out of
+    /// place), published before the sender's own copy so that the receiver's read overlaps
+    /// it: while everything fits in the caches, that beats two copies (bench/RESULTS.md).
+    pub cma_forward: std::ops::Range<usize>,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
     /// TCP sockets per directed peer pair, frames striped over them (`OXCCL_NSOCKS`, else
@@ -170,6 +176,7 @@ impl Default for Config {
             slots: 4,
             cma: true,
             cma_min_bytes: 32 << 20,
+            cma_forward: (32 << 10)..(256 << 10),
             socket_ifname: None,
             nsocks: 1,
             socket_buffer: None,
@@ -220,6 +227,8 @@ impl Config {
             slots: env_num(&["OXCCL_SLOTS"]).map(|v| (v as usize).clamp(2, 60)).unwrap_or(d.slots),
             cma: env_any(&["OXCCL_CMA"]).is_none_or(|v| v != "0"),
             cma_min_bytes: env_num(&["OXCCL_CMA_MIN_BYTES"]).map(|v| v as usize).unwrap_or(d.cma_min_bytes),
+            cma_forward: env_num(&["OXCCL_CMA_FORWARD_MIN_BYTES"]).map_or(d.cma_forward.start, |v| v as usize)
+                ..env_num(&["OXCCL_CMA_FORWARD_MAX_BYTES"]).map_or(d.cma_forward.end, |v| v as usize),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             nsocks: env_num(&["OXCCL_NSOCKS"])
                 .or_else(|| {

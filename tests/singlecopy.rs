@@ -6,7 +6,11 @@ mod common;
 use common::on_all;
 
 use oxccl::{Coll, Communicator, Config, DataType, ReduceOp};
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// The tests read process-wide counters: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn cfg() -> Config {
     // small slots: many chunks even for small counts
@@ -27,6 +31,7 @@ fn check(c: &Communicator, coll: Coll, dt: DataType, op: ReduceOp, count: usize,
 #[test]
 fn single_copy_by_reference_is_exact_and_used() {
     use oxccl::exec::single_copy_counts;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for cma in [true, false] {
         let mut cf = cfg();
         cf.chunk_bytes = 64 << 10;
@@ -48,6 +53,46 @@ fn single_copy_by_reference_is_exact_and_used() {
         if cma {
             assert!(after.0 > before.0 && after.1 > before.1, "single copy was not used: {before:?} -> {after:?}");
             assert_eq!(after.0 - before.0, after.1 - before.1, "sent by reference to a receiver that combines");
+        }
+    }
+}
+
+/// Smaller operations (`Config::cma_forward`) send by reference only the messages that pass the
+/// sender's unchanged input on, committed before its own copy: all-gather and out-of-place
+/// broadcast use it and stay exact; nothing goes by reference where receivers combine
+/// (all-reduce, reduce-scatter), in place (the input is the output), or outside the range.
+#[test]
+fn forwarded_inputs_go_by_reference_in_small_operations() {
+    use oxccl::exec::single_copy_counts;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cf = cfg();
+    cf.chunk_bytes = 16 << 10;
+    cf.cma_min_bytes = usize::MAX;
+    cf.cma_forward = 4096..(1 << 20);
+    let comms = Communicator::init_all_with_config(3, cf).unwrap();
+    // (collectives, count, in place, whether anything goes by reference)
+    let cases: [(&[Coll], usize, bool, bool); 4] = [
+        (&[Coll::AllReduce, Coll::ReduceScatter], 30_001, false, false),
+        (&[Coll::AllGather, Coll::Broadcast], 20_003, true, false),
+        (&[Coll::AllGather, Coll::Broadcast], 600_001, false, false),
+        (&[Coll::AllGather, Coll::Broadcast], 20_003, false, true),
+    ];
+    for (colls, count, inplace, used) in cases {
+        let before = single_copy_counts();
+        on_all(&comms, |c| {
+            for &coll in colls {
+                for root in [0, 2] {
+                    check(c, coll, DataType::F32, ReduceOp::Sum, count, root, inplace);
+                }
+            }
+        });
+        let after = single_copy_counts();
+        let (sent, direct) = (after.0 - before.0, after.1 - before.1);
+        let what = format!("{colls:?} count {count} in place {inplace}: {before:?} -> {after:?}");
+        if used {
+            assert!(sent > 0 && sent == direct, "{what}");
+        } else {
+            assert_eq!((sent, direct), (0, 0), "{what}");
         }
     }
 }

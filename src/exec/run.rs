@@ -5,7 +5,7 @@ use super::{apply_step, Blocked, Conns, OpMem};
 use crate::schedule::{Buf, Fingerprint, Schedule, Slice, Step};
 use crate::types::ReduceOp;
 use crate::{Error, Result};
-use oxccl_transport::Header;
+use oxccl_transport::{Header, SendConn};
 
 /// The running state of one operation on one rank.
 pub struct OpRun<'a> {
@@ -53,7 +53,8 @@ fn zeros(n: usize) -> PeerCounts {
 
 /// Messages of at least this many bytes are sent by reference (single copy) where the
 /// schedule, the transport and the operation's size (count × type size, at least the
-/// connection's [`oxccl_transport::SendConn::borrow_min_op`]) allow.
+/// connection's [`oxccl_transport::SendConn::borrow_min_op`], or in its
+/// [`oxccl_transport::SendConn::borrow_forward_ops`] for a step that passes its input on) allow.
 const BORROW_MIN: usize = 4096;
 
 impl<'a> OpRun<'a> {
@@ -164,6 +165,7 @@ impl<'a> OpRun<'a> {
         // 1. the send side first, so nothing is received that could not be passed on
         let mut borrowed: Option<Slice> = None;
         let mut slot = None;
+        let mut sent = false;
         if let Some(q) = step.send {
             let c = send[q].as_mut().ok_or_else(|| Error::internal("no send connection").with_peer(q))?;
             if c.max_message() < len {
@@ -171,8 +173,12 @@ impl<'a> OpRun<'a> {
             }
             let premul_input = |v: Slice| matches!(self.fp.op, ReduceOp::PreMulSum(_)) && v.buf == Buf::Input;
             let op_bytes = self.fp.count * es;
-            let candidate = (split && len >= BORROW_MIN && op_bytes >= c.borrow_min_op())
-                .then(|| self.sched.stable_send(pc))
+            // in small operations, only a step that passes its input on sends by reference,
+            // published before its own copy; in large ones, every stable value, after it
+            let forwarded = self.forwarded_input(step).filter(|_| c.borrow_forward_ops().contains(&op_bytes));
+            let stable = || (op_bytes >= c.borrow_min_op()).then(|| self.sched.stable_send(pc)).flatten();
+            let candidate = (split && len >= BORROW_MIN)
+                .then(|| forwarded.or_else(stable))
                 .flatten()
                 .filter(|_| c.borrow_for_combining() || self.sched.peer_copies(pc))
                 .filter(|v| !(premul_input(*v) && step.dst.is_none()));
@@ -194,6 +200,11 @@ impl<'a> OpRun<'a> {
                     }
                     Some(s) => slot = Some(s),
                 }
+            } else if forwarded.is_some() {
+                // the step passes its input on: published now, the peer's read of it overlaps
+                // the step's own copy
+                self.commit_send(q, len, borrowed, c.as_mut())?;
+                sent = true;
             }
         }
         // 2. the receive side: a pure copy of a message sent by reference goes straight from
@@ -234,31 +245,48 @@ impl<'a> OpRun<'a> {
             let (dt, op, n) = (self.fp.dtype, self.fp.op, self.nranks);
             apply_step(step, dt, op, n, self.stream, &mut self.mem, msg, slot)?;
         }
-        if let Some(q) = step.send {
-            let h = Header {
-                len: len as u32,
-                comm: self.comm_id,
-                seq: self.seq,
-                count: self.fp.count_word(),
-                step: self.tx_idx[q],
-                call: self.fp.call_word(),
-            };
-            self.tx_idx[q] += 1;
-            let c = send[q].as_mut().unwrap();
-            match borrowed {
-                Some(v) => {
-                    SENT_BY_REFERENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    c.commit_borrowed(h, window_addr(&self.mem, v, es, len)?)
-                }
-                None => c.commit(h),
-            }
-            .map_err(|e| e.with_peer(q))?;
+        if let (Some(q), false) = (step.send, sent) {
+            self.commit_send(q, len, borrowed, send[q].as_mut().unwrap().as_mut())?;
         }
         if let Some(p) = step.recv {
             self.rx_idx[p] += 1;
             recv[p].as_mut().unwrap().consume().map_err(|e| e.with_peer(p))?;
         }
         Ok(true)
+    }
+}
+
+impl OpRun<'_> {
+    /// The input window a step only passes on: nothing received, no scaling (a pre-multiplied
+    /// sum scales its input first), no post-processing. With separate buffers the input never
+    /// changes, so it may be sent by reference before the step runs, whatever later steps
+    /// write.
+    fn forwarded_input(&self, step: &Step) -> Option<Slice> {
+        let src = step.src.filter(|s| s.buf == Buf::Input)?;
+        let plain = step.recv.is_none() && !step.post && !matches!(self.fp.op, ReduceOp::PreMulSum(_));
+        plain.then_some(src)
+    }
+
+    /// Commit the step's message of `len` bytes to `q` on `c`: by reference to `borrowed`, or
+    /// the slot it reserved.
+    fn commit_send(&mut self, q: usize, len: usize, borrowed: Option<Slice>, c: &mut dyn SendConn) -> Result<()> {
+        let h = Header {
+            len: len as u32,
+            comm: self.comm_id,
+            seq: self.seq,
+            count: self.fp.count_word(),
+            step: self.tx_idx[q],
+            call: self.fp.call_word(),
+        };
+        self.tx_idx[q] += 1;
+        match borrowed {
+            Some(v) => {
+                SENT_BY_REFERENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                c.commit_borrowed(h, window_addr(&self.mem, v, self.fp.dtype.size(), len)?)
+            }
+            None => c.commit(h),
+        }
+        .map_err(|e| e.with_peer(q))
     }
 }
 

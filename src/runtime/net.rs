@@ -14,8 +14,14 @@ use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -> Result<Vec<Box<dyn Transport>>> {
     let mut list: Vec<Box<dyn Transport>> = Vec::new();
     if !cfg.shm_disable {
-        let shm =
-            ShmConfig { slots: cfg.slots, slot_bytes: cfg.chunk_bytes, cma: cfg.cma, cma_min_op: cfg.cma_min_bytes };
+        let shm = ShmConfig {
+            slots: cfg.slots,
+            slot_bytes: cfg.chunk_bytes,
+            cma: cfg.cma,
+            cma_min_op: cfg.cma_min_bytes,
+            cma_forward_min: cfg.cma_forward.start,
+            cma_forward_max: cfg.cma_forward.end,
+        };
         list.push(Box::new(ShmTransport::new(ctx.clone(), shm)?));
     }
     let (rank, peers) = (ctx.rank, ctx.peers.clone());

@@ -217,6 +217,14 @@ pub trait SendConn: Send {
     fn borrow_min_op(&self) -> usize {
         usize::MAX
     }
+    /// Single copy (optional): operations (count × type size) in this range also send by
+    /// reference the messages that only pass the sender's unchanged input on, committed before
+    /// the sender's own copy so that the receiver's read overlaps it. That pays while the
+    /// operation fits in the caches; from [`SendConn::borrow_min_op`] on, the sender's copy
+    /// runs first and leaves the bytes in the shared cache for the reader. Empty: never.
+    fn borrow_forward_ops(&self) -> std::ops::Range<usize> {
+        0..0
+    }
     /// Single copy (optional): whether sending by reference still pays when the receiver
     /// combines the message with its own data rather than only copying it. Shared memory: no
     /// (the receiver would first copy it into a slot, with the kernel's slower copy, where the

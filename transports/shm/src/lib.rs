@@ -40,11 +40,23 @@ pub struct ShmConfig {
     pub cma: bool,
     /// ... in operations of at least this many bytes.
     pub cma_min_op: usize,
+    /// ... and, in operations of `cma_forward_min..cma_forward_max` bytes, the messages that
+    /// only pass the sender's input on ([`SendConn::borrow_forward_ops`]).
+    pub cma_forward_min: usize,
+    /// See [`ShmConfig::cma_forward_min`].
+    pub cma_forward_max: usize,
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { slots: 4, slot_bytes: 256 << 10, cma: true, cma_min_op: 32 << 20 }
+        ShmConfig {
+            slots: 4,
+            slot_bytes: 256 << 10,
+            cma: true,
+            cma_min_op: 32 << 20,
+            cma_forward_min: 32 << 10,
+            cma_forward_max: 256 << 10,
+        }
     }
 }
 
@@ -317,6 +329,14 @@ impl SendConn for ShmSend {
             self.cfg.cma_min_op
         } else {
             usize::MAX
+        }
+    }
+
+    fn borrow_forward_ops(&self) -> std::ops::Range<usize> {
+        if self.cfg.cma {
+            self.cfg.cma_forward_min..self.cfg.cma_forward_max
+        } else {
+            0..0
         }
     }
 
