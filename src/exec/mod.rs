@@ -9,6 +9,7 @@
 //! operations; both poll each op as far as it can go, spin briefly when nothing moves, then arm
 //! every connection they wait on and sleep in `poll(2)`.
 
+mod byref;
 mod engine;
 mod observe;
 mod run;
@@ -18,7 +19,8 @@ mod wait;
 pub use engine::{drive, quick_polls, QUICK_POLLS};
 pub use observe::Observe;
 pub(crate) use engine::{Engine, Finished, Runs};
-pub use run::{single_copy_counts, OpRun};
+pub use byref::single_copy_counts;
+pub use run::OpRun;
 pub use step::{apply_step, streamed_bytes, streams_output, STREAM_MIN};
 pub use wait::*;
 
