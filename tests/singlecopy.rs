@@ -58,9 +58,10 @@ fn single_copy_by_reference_is_exact_and_used() {
 }
 
 /// Smaller operations (`Config::cma_forward`) send by reference only the messages that pass the
-/// sender's unchanged input on, committed before its own copy: all-gather and out-of-place
-/// broadcast use it and stay exact; nothing goes by reference where receivers combine
-/// (all-reduce, reduce-scatter), in place (the input is the output), or outside the range.
+/// sender's unchanged input on, committed before its own copy: all-gather and broadcast use it,
+/// out of place and in place (where the input is a window of the output no step overwrites),
+/// and stay exact; nothing goes by reference where receivers combine (all-reduce,
+/// reduce-scatter) or outside the range.
 #[test]
 fn forwarded_inputs_go_by_reference_in_small_operations() {
     use oxccl::exec::single_copy_counts;
@@ -71,11 +72,13 @@ fn forwarded_inputs_go_by_reference_in_small_operations() {
     cf.cma_forward = 4096..(1 << 20);
     let comms = Communicator::init_all_with_config(3, cf).unwrap();
     // (collectives, count, in place, whether anything goes by reference)
-    let cases: [(&[Coll], usize, bool, bool); 4] = [
+    let cases: [(&[Coll], usize, bool, bool); 6] = [
         (&[Coll::AllReduce, Coll::ReduceScatter], 30_001, false, false),
-        (&[Coll::AllGather, Coll::Broadcast], 20_003, true, false),
+        (&[Coll::AllReduce, Coll::ReduceScatter], 30_001, true, false),
         (&[Coll::AllGather, Coll::Broadcast], 600_001, false, false),
+        (&[Coll::AllGather, Coll::Broadcast], 600_001, true, false),
         (&[Coll::AllGather, Coll::Broadcast], 20_003, false, true),
+        (&[Coll::AllGather, Coll::Broadcast], 20_003, true, true),
     ];
     for (colls, count, inplace, used) in cases {
         let before = single_copy_counts();

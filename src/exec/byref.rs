@@ -5,18 +5,56 @@ use super::step::oob;
 use super::{OpMem, OpRun};
 use crate::schedule::{Buf, Slice, Step};
 use crate::types::ReduceOp;
-use crate::{Error, Result};
+use crate::Result;
 
 impl OpRun<'_> {
-    /// The input window a step only passes on: nothing received, no scaling (a pre-multiplied
-    /// sum scales its input first), no post-processing. With separate buffers the input never
-    /// changes, so it may be sent by reference before the step runs, whatever later steps
-    /// write.
-    pub(super) fn forwarded_input(&self, step: &Step) -> Option<Slice> {
+    /// The input window step `pc` only passes on: nothing received, no scaling (a
+    /// pre-multiplied sum scales its input first), no post-processing. It may be sent by
+    /// reference before the step runs if its bytes stay as they are until the operation ends:
+    /// with separate buffers the input never changes; in one allocation (in place), no step from
+    /// `pc` on may write them, other than by copying them onto themselves (the root of a
+    /// broadcast, a rank's own block of an all-gather).
+    pub(super) fn forwarded_input(&self, pc: usize, step: &Step) -> Option<Slice> {
         let src = step.src.filter(|s| s.buf == Buf::Input)?;
         let plain = step.recv.is_none() && !step.post && !matches!(self.fp.op, ReduceOp::PreMulSum(_));
-        plain.then_some(src)
+        let kept = match in_place_offsets(&self.mem) {
+            None => true,
+            Some((i, o)) => untouched(&self.sched.steps[pc..], src, step.count, self.fp.dtype.size(), (i, o)),
+        };
+        (plain && kept).then_some(src)
     }
+}
+
+/// Whether an operation of `op_bytes` sends its forwarded inputs by reference, given the
+/// connection's range for them ([`oxccl_transport::SendConn::borrow_forward_ops`]). In place
+/// there is no copy of its own for the receiver's read to overlap, only the second copy to
+/// save, so the system call pays from twice the range's start (measured: a 32 KiB broadcast in
+/// place lost 0.88×, 64 KiB won 1.15×; bench/RESULTS.md).
+pub(super) fn forwards(range: std::ops::Range<usize>, op_bytes: usize, split: bool) -> bool {
+    let from = if split { range.start } else { range.start.saturating_mul(2) };
+    (from..range.end).contains(&op_bytes)
+}
+
+/// The byte offsets of the input and output windows in an in-place operation's allocation.
+fn in_place_offsets(mem: &OpMem<'_>) -> Option<(usize, usize)> {
+    match mem {
+        OpMem::InPlace { in_off, out_off, .. } | OpMem::OwnedInPlace { in_off, out_off, .. } => Some((*in_off, *out_off)),
+        OpMem::Split { .. } | OpMem::OwnedSplit { .. } => None,
+    }
+}
+
+/// Whether none of `steps` writes the bytes of slice `v` (`count` elements of `es` bytes) of
+/// an allocation whose input and output windows start at `offs`, other than by copying them
+/// onto themselves.
+fn untouched(steps: &[Step], v: Slice, count: usize, es: usize, offs: (usize, usize)) -> bool {
+    let at = |x: Slice| if x.buf == Buf::Input { offs.0 } else { offs.1 } + x.offset * es;
+    let (a, b) = (at(v), at(v) + count * es);
+    steps.iter().all(|s| {
+        let Some(d) = s.dst.filter(|_| s.count > 0) else { return true };
+        let (da, db) = (at(d), at(d) + s.count * es);
+        let onto_itself = s.recv.is_none() && !s.post && s.src.is_some_and(|x| at(x) == da);
+        db <= a || b <= da || onto_itself
+    })
 }
 
 pub(super) static SENT_BY_REFERENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -29,23 +67,63 @@ pub fn single_copy_counts() -> (u64, u64) {
     (SENT_BY_REFERENCE.load(Relaxed), RECEIVED_DIRECT.load(Relaxed))
 }
 
-/// Bytes `[off, off + len)` of the output buffer of an operation with separate buffers.
+/// Bytes `[off, off + len)` of an operation's output window.
 pub(super) fn output_window<'m>(mem: &'m mut OpMem<'_>, off: usize, len: usize) -> Result<&'m mut [u8]> {
-    let out: &mut [u8] = match mem {
-        OpMem::Split { output, .. } => output,
-        OpMem::OwnedSplit { output, .. } => output.bytes_mut(),
-        _ => return Err(Error::internal("single copy needs separate buffers")),
+    let (out, base): (&mut [u8], usize) = match mem {
+        OpMem::Split { output, .. } => (output, 0),
+        OpMem::OwnedSplit { output, .. } => (output.bytes_mut(), 0),
+        OpMem::InPlace { buf, out_off, .. } => (buf, *out_off),
+        OpMem::OwnedInPlace { buf, out_off, .. } => (buf.bytes_mut(), *out_off),
     };
-    out.get_mut(off..off + len).ok_or_else(oob)
+    out.get_mut(base + off..base + off + len).ok_or_else(oob)
 }
 
-/// The address of a slice of an operation with separate buffers (a value sent by reference).
+/// The address of a slice of an operation's buffers (a value sent by reference).
 pub(super) fn window_addr(mem: &OpMem<'_>, v: Slice, es: usize, len: usize) -> Result<usize> {
-    let (input, output): (&[u8], &[u8]) = match mem {
-        OpMem::Split { input, output } => (input, output),
-        OpMem::OwnedSplit { input, output } => (input.bytes(), output.bytes()),
-        _ => return Err(Error::internal("single copy needs separate buffers")),
+    let (bytes, base): (&[u8], usize) = match (mem, v.buf) {
+        (OpMem::Split { input, .. }, Buf::Input) => (input, 0),
+        (OpMem::Split { output, .. }, Buf::Output) => (output, 0),
+        (OpMem::OwnedSplit { input, .. }, Buf::Input) => (input.bytes(), 0),
+        (OpMem::OwnedSplit { output, .. }, Buf::Output) => (output.bytes(), 0),
+        (OpMem::InPlace { buf, in_off, out_off }, b) => (buf, if b == Buf::Input { *in_off } else { *out_off }),
+        (OpMem::OwnedInPlace { buf, in_off, out_off }, b) => {
+            (buf.bytes(), if b == Buf::Input { *in_off } else { *out_off })
+        }
     };
-    let b = if v.buf == Buf::Input { input } else { output };
-    b.get(v.offset * es..v.offset * es + len).map(|x| x.as_ptr() as usize).ok_or_else(oob)
+    let (a, n) = (base + v.offset * es, len);
+    bytes.get(a..a + n).map(|x| x.as_ptr() as usize).ok_or_else(oob)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(recv: Option<usize>, src: Option<Slice>, dst: Option<Slice>, count: usize) -> Step {
+        Step { recv, src, dst, send: None, count, post: false }
+    }
+
+    #[test]
+    fn in_place_operations_forward_by_reference_from_twice_the_start() {
+        let r = 32..256;
+        assert!(forwards(r.clone(), 32, true) && !forwards(r.clone(), 32, false));
+        assert!(forwards(r.clone(), 64, false) && !forwards(r.clone(), 256, true));
+        assert!(!forwards(r.clone(), 31, true) && !forwards(0..0, 0, true));
+    }
+
+    #[test]
+    fn an_input_in_place_is_untouched_unless_a_step_writes_other_bytes_over_it() {
+        let (inp, out) = (|o| Slice { buf: Buf::Input, offset: o }, |o| Slice { buf: Buf::Output, offset: o });
+        let v = inp(0);
+        // copied onto itself (a broadcast's root in place), or written elsewhere: untouched
+        let own = step(None, Some(inp(0)), Some(out(0)), 4);
+        let other = step(Some(1), None, Some(out(4)), 4);
+        assert!(untouched(&[own, other], v, 4, 4, (0, 0)));
+        // received over it, or combined into it: touched
+        assert!(!untouched(&[own, step(Some(1), None, Some(out(2)), 4)], v, 4, 4, (0, 0)));
+        assert!(!untouched(&[step(Some(1), Some(inp(0)), Some(out(0)), 4)], v, 4, 4, (0, 0)));
+        // the same step with the windows apart (an all-gather's block elsewhere in the buffer)
+        assert!(untouched(&[step(Some(1), None, Some(out(2)), 4)], v, 4, 4, (64, 0)));
+        // the input window inside the output: a copy from another offset onto it touches it
+        assert!(!untouched(&[step(None, Some(inp(4)), Some(out(16)), 4)], v, 4, 4, (64, 0)));
+    }
 }

@@ -1,6 +1,6 @@
 //! One operation's state machine: its steps, run as far as the connections allow.
 
-use super::byref::{output_window, window_addr, RECEIVED_DIRECT, SENT_BY_REFERENCE};
+use super::byref::{forwards, output_window, window_addr, RECEIVED_DIRECT, SENT_BY_REFERENCE};
 use super::{apply_step, Blocked, Conns, OpMem};
 use crate::schedule::{Buf, Fingerprint, Schedule, Slice, Step};
 use crate::types::ReduceOp;
@@ -175,9 +175,11 @@ impl<'a> OpRun<'a> {
             let op_bytes = self.fp.count * es;
             // in small operations, only a step that passes its input on sends by reference,
             // published before its own copy; in large ones, every stable value, after it
-            let forwarded = self.forwarded_input(step).filter(|_| c.borrow_forward_ops().contains(&op_bytes));
-            let stable = || (op_bytes >= c.borrow_min_op()).then(|| self.sched.stable_send(pc)).flatten();
-            let candidate = (split && len >= BORROW_MIN)
+            let forwarded = (len >= BORROW_MIN && forwards(c.borrow_forward_ops(), op_bytes, split))
+                .then(|| self.forwarded_input(pc, step))
+                .flatten();
+            let stable = || (split && op_bytes >= c.borrow_min_op()).then(|| self.sched.stable_send(pc)).flatten();
+            let candidate = (len >= BORROW_MIN)
                 .then(|| forwarded.or_else(stable))
                 .flatten()
                 .filter(|_| c.borrow_for_combining() || self.sched.peer_copies(pc))
@@ -210,7 +212,7 @@ impl<'a> OpRun<'a> {
         // 2. the receive side: a pure copy of a message sent by reference goes straight from
         // the peer's memory into the destination (single copy)
         let mut direct = false;
-        if let (Some(p), None, Some(d), false, true) = (step.recv, step.src, step.dst, step.post, split) {
+        if let (Some(p), None, Some(d), false) = (step.recv, step.src, step.dst, step.post) {
             let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
             let expect = Expect::of(self, p, len);
             let dst = output_window(&mut self.mem, d.offset * es, len)?;
