@@ -209,10 +209,10 @@ impl<'a> OpRun<'a> {
                 sent = true;
             }
         }
-        // 2. the receive side: a pure copy of a message sent by reference goes straight from
-        // the peer's memory into the destination (single copy)
+        // 2. the receive side: a pure copy of a message sent by reference (never one shorter
+        // than BORROW_MIN) goes straight from the peer's memory into the destination
         let mut direct = false;
-        if let (Some(p), None, Some(d), false) = (step.recv, step.src, step.dst, step.post) {
+        if let (Some(p), None, Some(d), false, true) = (step.recv, step.src, step.dst, step.post, len >= BORROW_MIN) {
             let c = recv[p].as_mut().ok_or_else(|| Error::internal("no receive connection").with_peer(p))?;
             let expect = Expect::of(self, p, len);
             let dst = output_window(&mut self.mem, d.offset * es, len)?;
