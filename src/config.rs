@@ -37,9 +37,10 @@ pub struct Config {
     pub cma_min_bytes: usize,
     /// Smaller operations (count × type size) in this range, default 32 KiB..256 KiB
     /// (`OXCCL_CMA_FORWARD_MIN_BYTES`, `OXCCL_CMA_FORWARD_MAX_BYTES`), send by reference only
-    /// the messages that pass the sender's unchanged input on (all-gather, broadcast out of
-    /// place), published before the sender's own copy so that the receiver's read overlaps
-    /// it: while everything fits in the caches, that beats two copies (bench/RESULTS.md).
+    /// the messages that pass the sender's unchanged input on (all-gather, broadcast; in place
+    /// from twice the start, where no step overwrites those bytes), published before the
+    /// sender's own copy so that the receiver's read overlaps it: while everything fits in the
+    /// caches, that beats two copies (bench/RESULTS.md).
     pub cma_forward: std::ops::Range<usize>,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
