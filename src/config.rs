@@ -168,18 +168,21 @@ impl Default for Config {
     /// The built-in settings, with nothing read from the environment: what
     /// [`Config::from_env`] starts from.
     fn default() -> Self {
+        // the transports' own defaults, written once in their crates
+        let shm = oxccl_transport_shm::ShmConfig::default();
+        let tcp = oxccl_transport_tcp::TcpConfig::default();
         Config {
             timeout: Duration::from_secs(600),
             spin: None,
             yield_for: None,
             shm_disable: false,
-            chunk_bytes: 256 << 10,
-            slots: 4,
-            cma: true,
-            cma_min_bytes: 32 << 20,
-            cma_forward: (32 << 10)..(256 << 10),
+            chunk_bytes: shm.slot_bytes,
+            slots: shm.slots,
+            cma: shm.cma,
+            cma_min_bytes: shm.cma_min_op,
+            cma_forward: shm.cma_forward_min..shm.cma_forward_max,
             socket_ifname: None,
-            nsocks: 1,
+            nsocks: tcp.lanes,
             socket_buffer: None,
             host_id: None,
             algo: None,
@@ -387,5 +390,15 @@ mod tests {
         assert!(check_proto("Simple").is_ok());
         assert!(check_proto("^LL,LL128").is_ok());
         assert!(check_proto("LL").unwrap_err().to_string().contains("only the Simple"));
+    }
+
+    /// `chunk_bytes` and `slots` drive both transports, from the shared-memory crate's
+    /// defaults: the TCP crate's own must agree, or one of them would be silently overridden.
+    #[test]
+    fn transport_defaults_agree() {
+        let (c, tcp) = (Config::default(), oxccl_transport_tcp::TcpConfig::default());
+        assert_eq!((c.chunk_bytes, c.slots, c.nsocks), (tcp.slot_bytes, tcp.slots, tcp.lanes));
+        assert_eq!((c.chunk_bytes, c.slots), (256 << 10, 4));
+        assert_eq!(c.cma_forward, (32 << 10)..(256 << 10));
     }
 }

@@ -1,5 +1,6 @@
 //! A communicator's transports: shared memory (unless disabled), the RDMA network when chosen,
-//! and TCP, in that priority order. The only place that names the transport crates.
+//! and TCP, in that priority order. The only place that builds them (`Config::default()` reads
+//! their crates' defaults).
 
 use crate::config::Config;
 use crate::Result;
