@@ -35,12 +35,14 @@ pub struct Config {
     pub cma: bool,
     /// See [`Config::cma`].
     pub cma_min_bytes: usize,
-    /// Smaller operations (count × type size) in this range, default 32 KiB..256 KiB
+    /// Smaller operations (count × type size) in this range, default 32 KiB..32 MiB
     /// (`OXCCL_CMA_FORWARD_MIN_BYTES`, `OXCCL_CMA_FORWARD_MAX_BYTES`), send by reference only
     /// the messages that pass the sender's unchanged input on (all-gather, broadcast; in place
     /// from twice the start, where no step overwrites those bytes), published before the
-    /// sender's own copy so that the receiver's read overlaps it: while everything fits in the
-    /// caches, that beats two copies (bench/RESULTS.md).
+    /// sender's own copy so that the receiver's read overlaps it, and only where that saves a
+    /// copy: a rank that receives too (2-rank all-gather) over the whole range, one that only
+    /// sends (a broadcast's root) while the operation is at most 4 messages out of place or one
+    /// in place, never one that also passes on what it received (bench/RESULTS.md).
     pub cma_forward: std::ops::Range<usize>,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
@@ -399,6 +401,6 @@ mod tests {
         let (c, tcp) = (Config::default(), oxccl_transport_tcp::TcpConfig::default());
         assert_eq!((c.chunk_bytes, c.slots, c.nsocks), (tcp.slot_bytes, tcp.slots, tcp.lanes));
         assert_eq!((c.chunk_bytes, c.slots), (256 << 10, 4));
-        assert_eq!(c.cma_forward, (32 << 10)..(256 << 10));
+        assert_eq!(c.cma_forward, (32 << 10)..(32 << 20));
     }
 }

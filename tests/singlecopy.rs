@@ -58,40 +58,48 @@ fn single_copy_by_reference_is_exact_and_used() {
 }
 
 /// Smaller operations (`Config::cma_forward`) send by reference only the messages that pass the
-/// sender's unchanged input on, committed before its own copy: all-gather and broadcast use it,
-/// out of place and in place (where the input is a window of the output no step overwrites),
-/// and stay exact; nothing goes by reference where receivers combine (all-reduce,
+/// sender's unchanged input on, committed before its own copy, and only where that saves a
+/// copy: over the whole range for a rank that receives too (each rank of a 2-rank all-gather),
+/// while the operation is a few messages out of place or one in place for a rank that only
+/// sends (a broadcast's root), never for a rank that also passes on what it received (an
+/// all-gather of 3). All exact; nothing goes by reference where receivers combine (all-reduce,
 /// reduce-scatter) or outside the range.
 #[test]
 fn forwarded_inputs_go_by_reference_in_small_operations() {
     use oxccl::exec::single_copy_counts;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut cf = cfg();
-    cf.chunk_bytes = 16 << 10;
+    cf.chunk_bytes = 16 << 10; // messages of 4096 f32
     cf.cma_min_bytes = usize::MAX;
     cf.cma_forward = 4096..(1 << 20);
-    let comms = Communicator::init_all_with_config(3, cf).unwrap();
-    // (collectives, count, in place, whether anything goes by reference)
-    let cases: [(&[Coll], usize, bool, bool); 6] = [
-        (&[Coll::AllReduce, Coll::ReduceScatter], 30_001, false, false),
-        (&[Coll::AllReduce, Coll::ReduceScatter], 30_001, true, false),
-        (&[Coll::AllGather, Coll::Broadcast], 600_001, false, false),
-        (&[Coll::AllGather, Coll::Broadcast], 600_001, true, false),
-        (&[Coll::AllGather, Coll::Broadcast], 20_003, false, true),
-        (&[Coll::AllGather, Coll::Broadcast], 20_003, true, true),
+    let two = Communicator::init_all_with_config(2, cf.clone()).unwrap();
+    let three = Communicator::init_all_with_config(3, cf).unwrap();
+    // (ranks, collectives, count, in place, whether anything goes by reference)
+    let cases: [(usize, &[Coll], usize, bool, bool); 11] = [
+        (3, &[Coll::AllReduce, Coll::ReduceScatter], 30_001, false, false),
+        (3, &[Coll::AllReduce, Coll::ReduceScatter], 30_001, true, false),
+        (2, &[Coll::AllGather], 600_001, false, false),
+        (2, &[Coll::AllGather], 20_003, false, true),
+        (2, &[Coll::AllGather], 20_003, true, true),
+        (3, &[Coll::AllGather], 20_003, false, false),
+        (3, &[Coll::AllGather], 20_003, true, false),
+        (3, &[Coll::Broadcast], 12_000, false, true),
+        (3, &[Coll::Broadcast], 20_003, false, false),
+        (3, &[Coll::Broadcast], 3_000, true, true),
+        (3, &[Coll::Broadcast], 12_000, true, false),
     ];
-    for (colls, count, inplace, used) in cases {
+    for (n, colls, count, inplace, used) in cases {
         let before = single_copy_counts();
-        on_all(&comms, |c| {
+        on_all(if n == 2 { &two } else { &three }, |c| {
             for &coll in colls {
-                for root in [0, 2] {
+                for root in [0, n - 1] {
                     check(c, coll, DataType::F32, ReduceOp::Sum, count, root, inplace);
                 }
             }
         });
         let after = single_copy_counts();
         let (sent, direct) = (after.0 - before.0, after.1 - before.1);
-        let what = format!("{colls:?} count {count} in place {inplace}: {before:?} -> {after:?}");
+        let what = format!("{n} ranks {colls:?} count {count} in place {inplace}: {before:?} -> {after:?}");
         if used {
             assert!(sent > 0 && sent == direct, "{what}");
         } else {

@@ -25,14 +25,40 @@ impl OpRun<'_> {
     }
 }
 
+/// How a rank takes part in an operation, for [`forwards`].
+#[derive(Clone, Copy)]
+pub(super) struct Role {
+    /// Every message it sends passes its input on ([`crate::schedule::Schedule::sends_only_input`]).
+    pub only_input: bool,
+    /// Separate input and output buffers: the rank has a copy of its own for the receiver's
+    /// read to overlap.
+    pub split: bool,
+    /// The rank receives in this operation too: a copy saved on its sends is one less copy on
+    /// its core, which also copies what it receives.
+    pub receives: bool,
+    /// Messages the operation takes ([`oxccl_transport::SendConn::max_message`] each).
+    pub messages: usize,
+}
+
+/// A rank that only sends, out of place, sends by reference operations of at most this many
+/// messages: beyond, the slots pipeline its copy and the receiver's over the two cores, and
+/// the kernel's slower copy loses (a 2 MiB broadcast: 0.85×; bench/RESULTS.md).
+const OVERLAP_MESSAGES: usize = 4;
+
 /// Whether an operation of `op_bytes` sends its forwarded inputs by reference, given the
 /// connection's range for them ([`oxccl_transport::SendConn::borrow_forward_ops`]). In place
 /// there is no copy of its own for the receiver's read to overlap, only the second copy to
 /// save, so the system call pays from twice the range's start (measured: a 32 KiB broadcast in
-/// place lost 0.88×, 64 KiB won 1.15×; bench/RESULTS.md).
-pub(super) fn forwards(range: std::ops::Range<usize>, op_bytes: usize, split: bool) -> bool {
-    let from = if split { range.start } else { range.start.saturating_mul(2) };
-    (from..range.end).contains(&op_bytes)
+/// place lost 0.88×, 64 KiB won 1.15×). A rank that only sends, in place, saves nothing on its
+/// own core: single copy pays there only while the operation is one message, whose two copies
+/// the slots cannot overlap (out of place, [`OVERLAP_MESSAGES`]). A rank that receives too
+/// saves a copy on its own core: the whole range. A rank that also passes on what it received
+/// (a ring of more than two) saves one copy in several and waits for its readers: it sends
+/// through the slots (bench/RESULTS.md "Single copy by role").
+pub(super) fn forwards(range: std::ops::Range<usize>, op_bytes: usize, role: Role) -> bool {
+    let from = if role.split { range.start } else { range.start.saturating_mul(2) };
+    let pays = role.receives || role.messages <= if role.split { OVERLAP_MESSAGES } else { 1 };
+    (from..range.end).contains(&op_bytes) && role.only_input && pays
 }
 
 /// The byte offsets of the input and output windows in an in-place operation's allocation.
@@ -105,9 +131,30 @@ mod tests {
     #[test]
     fn in_place_operations_forward_by_reference_from_twice_the_start() {
         let r = 32..256;
-        assert!(forwards(r.clone(), 32, true) && !forwards(r.clone(), 32, false));
-        assert!(forwards(r.clone(), 64, false) && !forwards(r.clone(), 256, true));
-        assert!(!forwards(r.clone(), 31, true) && !forwards(0..0, 0, true));
+        let (split, inplace) = (
+            Role { only_input: true, split: true, receives: false, messages: 1 },
+            Role { only_input: true, split: false, receives: false, messages: 1 },
+        );
+        assert!(forwards(r.clone(), 32, split) && !forwards(r.clone(), 32, inplace));
+        assert!(forwards(r.clone(), 64, inplace) && !forwards(r.clone(), 256, split));
+        assert!(!forwards(r.clone(), 31, split) && !forwards(0..0, 0, split));
+    }
+
+    #[test]
+    fn a_rank_that_only_sends_forwards_by_reference_only_a_few_messages() {
+        let r = 32..4096;
+        let two = Role { only_input: true, split: false, receives: false, messages: 2 };
+        assert!(!forwards(r.clone(), 1024, two));
+        assert!(forwards(r.clone(), 1024, Role { messages: 1, ..two }));
+        assert!(forwards(r.clone(), 1024, Role { split: true, ..two }));
+        let many = Role { messages: OVERLAP_MESSAGES + 1, split: true, ..two };
+        assert!(!forwards(r.clone(), 1024, many));
+        // one that receives too: the whole range
+        assert!(forwards(r.clone(), 1024, Role { receives: true, ..many }));
+        assert!(forwards(r.clone(), 1024, Role { receives: true, split: false, ..many }));
+        // a rank that also passes on what it received never does
+        let relay = Role { only_input: false, split: true, receives: true, messages: 1 };
+        assert!(!forwards(r.clone(), 1024, relay));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! One operation's state machine: its steps, run as far as the connections allow.
 
-use super::byref::{forwards, output_window, window_addr, RECEIVED_DIRECT, SENT_BY_REFERENCE};
+use super::byref::{forwards, output_window, Role, window_addr, RECEIVED_DIRECT, SENT_BY_REFERENCE};
 use super::{apply_step, Blocked, Conns, OpMem};
 use crate::schedule::{Buf, Fingerprint, Schedule, Slice, Step};
 use crate::types::ReduceOp;
@@ -175,7 +175,13 @@ impl<'a> OpRun<'a> {
             let op_bytes = self.fp.count * es;
             // in small operations, only a step that passes its input on sends by reference,
             // published before its own copy; in large ones, every stable value, after it
-            let forwarded = (len >= BORROW_MIN && forwards(c.borrow_forward_ops(), op_bytes, split))
+            let role = || Role {
+                only_input: self.sched.sends_only_input(),
+                split,
+                receives: !self.sched.peers().0.is_empty(),
+                messages: op_bytes.div_ceil(c.max_message().max(1)),
+            };
+            let forwarded = (len >= BORROW_MIN && forwards(c.borrow_forward_ops(), op_bytes, role()))
                 .then(|| self.forwarded_input(pc, step))
                 .flatten();
             let stable = || (split && op_bytes >= c.borrow_min_op()).then(|| self.sched.stable_send(pc)).flatten();

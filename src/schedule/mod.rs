@@ -90,6 +90,9 @@ pub struct Schedule {
     copied: std::sync::OnceLock<Vec<bool>>,
     /// Whether no step reads the output buffer (see [`Schedule::output_write_only`]).
     write_only: std::sync::OnceLock<bool>,
+    /// Whether every message this rank sends is its input passed on (see
+    /// [`Schedule::sends_only_input`]).
+    input_sends: std::sync::OnceLock<bool>,
 }
 
 /// Inputs of a schedule generator.
@@ -245,6 +248,18 @@ impl Schedule {
         *self.write_only.get_or_init(|| self.steps.iter().all(|s| s.src.is_none_or(|v| v.buf != Buf::Output)))
     }
 
+    /// Whether every step that sends passes the rank's input on unchanged (nothing received,
+    /// no post-processing): a broadcast's root, each rank of a 2-rank all-gather, a send; not a
+    /// larger ring's all-gather, whose ranks also pass on what they received (computed once per
+    /// cached schedule).
+    pub fn sends_only_input(&self) -> bool {
+        *self.input_sends.get_or_init(|| {
+            let sends = || self.steps.iter().filter(|s| s.send.is_some());
+            sends().next().is_some()
+                && sends().all(|s| s.recv.is_none() && !s.post && s.src.is_some_and(|v| v.buf == Buf::Input))
+        })
+    }
+
     /// A schedule of these steps.
     pub fn new(steps: Vec<Step>) -> Schedule {
         Schedule {
@@ -254,6 +269,7 @@ impl Schedule {
             clean: Default::default(),
             copied: Default::default(),
             write_only: Default::default(),
+            input_sends: Default::default(),
         }
     }
 

@@ -221,7 +221,8 @@ pub trait SendConn: Send {
     /// reference the messages that only pass the sender's unchanged input on, committed before
     /// the sender's own copy so that the receiver's read overlaps it. That pays while the
     /// operation fits in the caches; from [`SendConn::borrow_min_op`] on, the sender's copy
-    /// runs first and leaves the bytes in the shared cache for the reader. Empty: never.
+    /// runs first and leaves the bytes in the shared cache for the reader. The executor narrows it
+    /// by the sending rank's role (`src/exec/byref.rs`). Empty: never.
     fn borrow_forward_ops(&self) -> std::ops::Range<usize> {
         0..0
     }

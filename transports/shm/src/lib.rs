@@ -40,8 +40,9 @@ pub struct ShmConfig {
     pub cma: bool,
     /// ... in operations of at least this many bytes.
     pub cma_min_op: usize,
-    /// ... and, in operations of `cma_forward_min..cma_forward_max` bytes, the messages that
-    /// only pass the sender's input on ([`SendConn::borrow_forward_ops`]).
+    /// ... and, in operations of `cma_forward_min..cma_forward_max` bytes (default 32 KiB..32
+    /// MiB), the messages that only pass the sender's input on
+    /// ([`SendConn::borrow_forward_ops`]; the executor narrows it by the rank's role).
     pub cma_forward_min: usize,
     /// See [`ShmConfig::cma_forward_min`].
     pub cma_forward_max: usize,
@@ -55,7 +56,7 @@ impl Default for ShmConfig {
             cma: true,
             cma_min_op: 32 << 20,
             cma_forward_min: 32 << 10,
-            cma_forward_max: 256 << 10,
+            cma_forward_max: 32 << 20,
         }
     }
 }
