@@ -568,3 +568,21 @@ fn peer_copies_match_the_receiving_steps() {
     s.find_peer_facts(&rd(0), &|q| build(q));
     assert!((0..s.steps.len()).all(|i| !s.peer_copies(i)));
 }
+
+/// `Schedule::sends_only_input` (which ranks may send their input by reference in smaller
+/// operations): every send of a broadcast's root and of each rank of a 2-rank all-gather is its
+/// input; a larger ring's all-gather also relays what it received; a rank that sends nothing,
+/// or the reductions, never.
+#[test]
+fn which_ranks_only_send_their_input() {
+    let p =
+        |coll, nranks, rank| Params { coll, nranks, rank, count: 37, root: 1, chunk: 4, avg: false, algo: Algo::Ring };
+    let only = |coll, n, rank| build(&p(coll, n, rank)).sends_only_input();
+    assert!(only(Coll::AllGather, 2, 0) && only(Coll::AllGather, 2, 1));
+    assert!(!only(Coll::AllGather, 3, 0) && !only(Coll::AllGather, 4, 2));
+    assert!(only(Coll::Broadcast, 4, 1), "the root");
+    assert!(!only(Coll::Broadcast, 4, 2), "a relay in the chain");
+    assert!(!only(Coll::Broadcast, 4, 0), "the chain's last rank sends nothing");
+    assert!(only(Coll::AllToAll, 3, 0) && only(Coll::Scatter, 3, 1));
+    assert!(!only(Coll::AllReduce, 2, 0) && !only(Coll::ReduceScatter, 3, 0));
+}
