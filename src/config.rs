@@ -44,6 +44,11 @@ pub struct Config {
     /// sends (a broadcast's root) while the operation is at most 4 messages out of place or one
     /// in place, never one that also passes on what it received (bench/RESULTS.md).
     pub cma_forward: std::ops::Range<usize>,
+    /// Measure once per process how fast the kernel's copy runs against memcpy, and send
+    /// nothing by reference in the `cma_forward` range where it is too slow for the saved copy
+    /// to pay (`oxccl_transport_shm::FORWARD_MIN_RATIO`; bench/RESULTS.md).
+    /// `OXCCL_CMA_FORWARD_PROBE=0` skips the probe and trusts the range.
+    pub cma_forward_probe: bool,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
     /// TCP sockets per directed peer pair, frames striped over them (`OXCCL_NSOCKS`, else
@@ -183,6 +188,7 @@ impl Default for Config {
             cma: shm.cma,
             cma_min_bytes: shm.cma_min_op,
             cma_forward: shm.cma_forward_min..shm.cma_forward_max,
+            cma_forward_probe: true,
             socket_ifname: None,
             nsocks: tcp.lanes,
             socket_buffer: None,
@@ -235,6 +241,7 @@ impl Config {
             cma_min_bytes: env_num(&["OXCCL_CMA_MIN_BYTES"]).map(|v| v as usize).unwrap_or(d.cma_min_bytes),
             cma_forward: env_num(&["OXCCL_CMA_FORWARD_MIN_BYTES"]).map_or(d.cma_forward.start, |v| v as usize)
                 ..env_num(&["OXCCL_CMA_FORWARD_MAX_BYTES"]).map_or(d.cma_forward.end, |v| v as usize),
+            cma_forward_probe: env_any(&["OXCCL_CMA_FORWARD_PROBE"]).is_none_or(|v| v != "0"),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             nsocks: env_num(&["OXCCL_NSOCKS"])
                 .or_else(|| {

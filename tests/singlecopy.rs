@@ -72,6 +72,8 @@ fn forwarded_inputs_go_by_reference_in_small_operations() {
     cf.chunk_bytes = 16 << 10; // messages of 4096 f32
     cf.cma_min_bytes = usize::MAX;
     cf.cma_forward = 4096..(1 << 20);
+    // the role rules, whatever this machine's kernel copy (the probe is tested below)
+    cf.cma_forward_probe = false;
     let two = Communicator::init_all_with_config(2, cf.clone()).unwrap();
     let three = Communicator::init_all_with_config(3, cf).unwrap();
     // (ranks, collectives, count, in place, whether anything goes by reference)
@@ -105,5 +107,29 @@ fn forwarded_inputs_go_by_reference_in_small_operations() {
         } else {
             assert_eq!((sent, direct), (0, 0), "{what}");
         }
+    }
+}
+
+/// With the probe of the kernel's copy on (the default), what pays on any machine still goes
+/// by reference: a broadcast of one message from its root and each rank's block of a 2-rank
+/// all-gather. Only a root's operations of several messages depend on the probe's verdict.
+#[test]
+fn the_probe_keeps_single_copy_where_it_pays_on_any_machine() {
+    use oxccl::exec::single_copy_counts;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cf = cfg();
+    cf.chunk_bytes = 16 << 10;
+    cf.cma_min_bytes = usize::MAX;
+    cf.cma_forward = 4096..(1 << 20);
+    assert!(cf.cma_forward_probe, "the probe is on by default");
+    let two = Communicator::init_all_with_config(2, cf).unwrap();
+    // (the all-gather first: a first operation runs while its connections are being accepted,
+    // before the receiver has said that it can read by reference)
+    for (coll, count) in [(Coll::AllGather, 20_003), (Coll::Broadcast, 3_000)] {
+        let before = single_copy_counts();
+        on_all(&two, |c| check(c, coll, DataType::F32, ReduceOp::Sum, count, 0, false));
+        let after = single_copy_counts();
+        let (sent, direct) = (after.0 - before.0, after.1 - before.1);
+        assert!(sent > 0 && sent == direct, "{coll:?} count {count}: {before:?} -> {after:?}");
     }
 }

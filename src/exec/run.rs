@@ -180,6 +180,7 @@ impl<'a> OpRun<'a> {
                 split,
                 receives: !self.sched.peers().0.is_empty(),
                 messages: op_bytes.div_ceil(c.max_message().max(1)),
+                overlaps: c.borrow_forward_overlaps(),
             };
             let forwarded = (len >= BORROW_MIN && forwards(c.borrow_forward_ops(), op_bytes, role()))
                 .then(|| self.forwarded_input(pc, step))

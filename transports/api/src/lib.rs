@@ -226,6 +226,15 @@ pub trait SendConn: Send {
     fn borrow_forward_ops(&self) -> std::ops::Range<usize> {
         0..0
     }
+    /// Single copy (optional): whether a rank that only sends (a broadcast's root, out of
+    /// place) still forwards by reference in operations of a few messages, where the receiver's
+    /// reads overlap the sender's own copy. `false` where reading by reference is so much slower
+    /// than the slots' copy that from two messages on the slots' pipeline wins: then only
+    /// operations of one message forward (shared memory: measured at start,
+    /// `oxccl_transport_shm::copy_probe`).
+    fn borrow_forward_overlaps(&self) -> bool {
+        true
+    }
     /// Single copy (optional): whether sending by reference still pays when the receiver
     /// combines the message with its own data rather than only copying it. Shared memory: no
     /// (the receiver would first copy it into a slot, with the kernel's slower copy, where the

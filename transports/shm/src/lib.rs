@@ -16,7 +16,10 @@
 //!
 //! Safety: all `unsafe` is in `segment.rs` (mmap, atomics and slices in the mapping).
 
+mod probe;
 mod segment;
+
+pub use probe::{copy_probe, CopyProbe, FORWARD_MIN_RATIO};
 
 use oxccl_transport::wait::{ring_fd, Doorbell, WaitSource};
 use oxccl_transport::{
@@ -46,6 +49,8 @@ pub struct ShmConfig {
     pub cma_forward_min: usize,
     /// See [`ShmConfig::cma_forward_min`].
     pub cma_forward_max: usize,
+    /// [`SendConn::borrow_forward_overlaps`]: the caller sets it from [`copy_probe`].
+    pub cma_forward_overlaps: bool,
 }
 
 impl Default for ShmConfig {
@@ -57,6 +62,7 @@ impl Default for ShmConfig {
             cma_min_op: 32 << 20,
             cma_forward_min: 32 << 10,
             cma_forward_max: 32 << 20,
+            cma_forward_overlaps: true,
         }
     }
 }
@@ -339,6 +345,10 @@ impl SendConn for ShmSend {
         } else {
             0..0
         }
+    }
+
+    fn borrow_forward_overlaps(&self) -> bool {
+        self.cfg.cma_forward_overlaps
     }
 
     fn commit_borrowed(&mut self, header: Header, addr: usize) -> Result<()> {

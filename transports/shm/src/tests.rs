@@ -61,8 +61,15 @@ fn inline_and_slot_payloads_interleave() {
 }
 
 /// Small slots with single copy allowed, for the tests of messages sent by reference.
-const CMA_CFG: ShmConfig =
-    ShmConfig { slots: 2, slot_bytes: 4096, cma: true, cma_min_op: 32 << 20, cma_forward_min: 0, cma_forward_max: 0 };
+const CMA_CFG: ShmConfig = ShmConfig {
+    slots: 2,
+    slot_bytes: 4096,
+    cma: true,
+    cma_min_op: 32 << 20,
+    cma_forward_min: 0,
+    cma_forward_max: 0,
+    cma_forward_overlaps: true,
+};
 
 /// A connection that may send by reference, and 3000 bytes to send (`i * k` as bytes).
 fn cma_pair(k: u32) -> (Box<dyn SendConn>, Box<dyn RecvConn>, Vec<u8>) {
