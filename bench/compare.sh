@@ -121,7 +121,13 @@ if [ -n "$CONFIGS_ONLY" ]; then
   CONFIGS="$CONFIGS_ONLY"
   case "$CONFIGS" in *tcp*|*ofi*) netns ;; esac
 fi
+# the cache-line hand-off between the two cores before each round: on the VMs measured it
+# switched between ~90 and ~380 ns as the hypervisor moved the cores, and the slots' copies
+# with it (bench/RESULTS.md "Single copy where the kernel's copy is slow")
+gcc -O2 "$ROOT/bench/probes/line_exchange.c" -o "$OUT/line_exchange"
+: > "$OUT/rounds.txt"
 for rep in $(seq 1 "$REPS"); do
+  echo "round $rep: line exchange $("$OUT/line_exchange" 100000 | awk '{print $4}') ns" | tee -a "$OUT/rounds.txt"
   for cfg in $CONFIGS; do
     echo "== round $rep $cfg"
     run "$cfg" > "$OUT/$cfg.run$rep.txt" 2>&1 || echo "   ($cfg failed, see $OUT/$cfg.run$rep.txt)"
@@ -130,7 +136,8 @@ done
 { echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
   echo "- kernel $(uname -r), $(grep MemTotal /proc/meminfo | awk '{printf "%.0f GiB", $2/1048576}') memory"
   echo "- $(mpirun.openmpi --version 2>/dev/null | head -1); $(mpirun.mpich --version 2>/dev/null | grep -m1 Version | xargs); torch $("$PY" -c 'import torch; print(torch.__version__)')"
-  echo "- date $(date -u +%F), $REPS interleaved rounds"; } > "$OUT/machine.txt"
+  echo "- date $(date -u +%F), $REPS interleaved rounds"
+  echo "- cache-line hand-off before each round (ns): $(awk '{printf "%s%s", sep, $5; sep=", "}' "$OUT/rounds.txt")"; } > "$OUT/machine.txt"
 if [ -n "$CONFIGS_ONLY" ]; then
   python3 "$ROOT/bench/report.py" --cells "$OUT"
 else
