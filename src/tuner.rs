@@ -113,8 +113,11 @@ fn cheapest(bytes: usize, topo: &Topology<'_>, t: &Tuner, algos: &[Algo]) -> Alg
     let s = bytes as f64; // bytes; betas in bytes/µs
     let sa = t.shm_alpha_us + (topo.oversub - 1.0) * t.switch_us;
     let sb = t.shm_beta_gbps * 1e3;
-    // log-round algorithms lose bandwidth when ranks wait for cores
-    let pen = if topo.oversub > 1.0 { t.oversub_round_factor } else { 1.0 };
+    // log-round algorithms lose bandwidth when ranks wait for cores in their shared-memory
+    // exchanges; with one rank per host every exchange is a network message, and there
+    // Rabenseifner beat the ring at every size (4 namespace hosts on 2 cores, bench/RESULTS.md
+    // "The tuner between hosts")
+    let pen = if topo.oversub > 1.0 && g > 1.0 { t.oversub_round_factor } else { 1.0 };
     let (na, nb) = (t.net_alpha_us, t.net_beta_gbps * 1e3);
     let one_host = hosts == 1 && !topo.shm_disabled;
     let (alpha, beta) = if one_host { (sa, sb) } else { (na, nb) };
@@ -206,6 +209,21 @@ mod tests {
         }
         let hosts: Vec<usize> = (0..16).collect();
         assert_ne!(pick(Coll::AllReduce, 8, &hosts, 1.0, AlgoSelection::AUTO, false).unwrap(), Algo::Star);
+    }
+
+    /// One rank per host, more ranks than cores (namespace hosts on one machine): no log-round
+    /// penalty. Measured on 4 such hosts on 2 cores (bench/RESULTS.md "The tuner between
+    /// hosts"): recursive doubling fastest at 32 KiB, Rabenseifner from 64 KiB to 64 MiB.
+    #[test]
+    fn one_rank_per_host_takes_the_log_round_schedules_even_oversubscribed() {
+        let spread = [0, 1, 2, 3];
+        let at = |bytes: usize| pick(Coll::AllReduce, bytes, &spread, 2.0, AlgoSelection::AUTO, false).unwrap();
+        assert_eq!(at(32 << 10), Algo::RecursiveDoubling);
+        for bytes in [128 << 10, 1 << 20, 16 << 20, 64 << 20] {
+            assert_eq!(at(bytes), Algo::Rabenseifner, "{bytes} bytes");
+        }
+        // ranks sharing a host keep the penalty: one host of 8 ranks on 2 cores, the ring
+        assert_eq!(pick(Coll::AllReduce, 64 << 20, &[0; 8], 4.0, AlgoSelection::AUTO, false).unwrap(), Algo::Ring);
     }
 
     #[test]
