@@ -44,10 +44,11 @@ pub struct Config {
     /// sends (a broadcast's root) while the operation is at most 4 messages out of place or one
     /// in place, never one that also passes on what it received (bench/RESULTS.md).
     pub cma_forward: std::ops::Range<usize>,
-    /// Measure once per process how fast the kernel's copy runs against memcpy, and send
-    /// nothing by reference in the `cma_forward` range where it is too slow for the saved copy
-    /// to pay (`oxccl_transport_shm::FORWARD_MIN_RATIO`; bench/RESULTS.md).
-    /// `OXCCL_CMA_FORWARD_PROBE=0` skips the probe and trusts the range.
+    /// Measure once per process how fast the kernel's copy runs against memcpy; where it is
+    /// below `oxccl_transport_shm::FORWARD_MIN_RATIO` of it, a rank that only sends (a
+    /// broadcast's root) forwards by reference operations of one message only, not a few
+    /// (bench/RESULTS.md "Single copy where the kernel's copy is slow").
+    /// `OXCCL_CMA_FORWARD_PROBE=0` skips the probe and keeps the rules of `cma_forward`.
     pub cma_forward_probe: bool,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
