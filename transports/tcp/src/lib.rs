@@ -29,8 +29,10 @@
 
 mod conn;
 pub mod netif;
+mod recv;
 
-use conn::{StripedRecv, StripedSend, TcpRecv, TcpSend};
+use conn::{StripedSend, TcpSend};
+use recv::{StripedRecv, TcpRecv};
 
 use oxccl_transport::seal::{derive, mode_mismatch, mode_word, MasterKey, Opener, Sealer, WORD_BYTES};
 use oxccl_transport::wait::{wait_any, WaitSource};
