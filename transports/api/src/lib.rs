@@ -275,10 +275,12 @@ pub trait RecvConn: Send {
     }
     /// Tell the sender this rank is closing because it failed (see [`SendConn::abort`]).
     fn abort(&mut self) {}
-    /// Single copy (optional): if the next message was sent by reference, check its header
-    /// with `check` and copy its payload straight into `dst` (which must be exactly its size);
-    /// returns the header. `Ok(None)`: no message yet, or an ordinary one (use `peek`). The
-    /// message still has to be [`RecvConn::consume`]d.
+    /// Single copy (optional): if the next message was sent by reference, or (TCP) is still
+    /// arriving, check its header with `check` and copy its payload straight into `dst` (which
+    /// must be exactly its size); returns the header once all of it is there. `Ok(None)`: no
+    /// message yet, an ordinary one (use `peek`), or one that began to arrive into `dst`: then
+    /// `peek` answers `None` and the caller calls `take_into` again, with the same `dst`, until
+    /// it returns the header. The message still has to be [`RecvConn::consume`]d.
     fn take_into(&mut self, _dst: &mut [u8], _check: &dyn Fn(&Header) -> Result<()>) -> Result<Option<Header>> {
         Ok(None)
     }

@@ -21,6 +21,11 @@ impl RecvConn for StripedRecv {
         self.lanes[self.tail % n].peek()
     }
 
+    fn take_into(&mut self, dst: &mut [u8], check: &dyn Fn(&Header) -> Result<()>) -> Result<Option<Header>> {
+        let n = self.lanes.len();
+        self.lanes[self.tail % n].take_into(dst, check)
+    }
+
     fn consume(&mut self) -> Result<()> {
         let n = self.lanes.len();
         self.lanes[self.tail % n].consume()?;
@@ -44,6 +49,12 @@ impl RecvConn for StripedRecv {
 /// the reader sleeps ([`TcpRecv::wake_when`]).
 const LOWAT_MIN: usize = 16 * 1024;
 
+/// From an empty buffer a plain lane reads at most this many payload bytes with a frame's
+/// header: the rest of a larger frame can then go straight into the caller's buffer
+/// ([`RecvConn::take_into`]), and smaller frames still arrive several to a read. Below about
+/// this size the copy it saves costs less than the system call it adds (bench/RESULTS.md).
+const HEAD_READ: usize = 64 * 1024;
+
 pub(crate) struct TcpRecv {
     s: TcpStream,
     peer: usize,
@@ -59,6 +70,9 @@ pub(crate) struct TcpRecv {
     failed: Option<Error>,
     /// The socket's `SO_RCVLOWAT` as last set ([`TcpRecv::wake_when`]).
     lowat: usize,
+    /// The plain frame being read straight into the caller's buffer ([`RecvConn::take_into`]):
+    /// its header and how many payload bytes are there. None of it is in `buf` any more.
+    direct: Option<(Header, usize)>,
 }
 
 impl TcpRecv {
@@ -77,6 +91,7 @@ impl TcpRecv {
             opened: None,
             failed: None,
             lowat: 1,
+            direct: None,
         }
     }
 
@@ -171,6 +186,36 @@ impl TcpRecv {
         }
     }
 
+    /// The peer's side of the connection closed before the frame we wait for.
+    fn closed(&self) -> Error {
+        Error::remote(format!(
+            "rank {} closed the TCP connection unexpectedly (process died or connection reset)",
+            self.peer
+        ))
+        .with_peer(self.peer)
+        .with_cause(Cause::PeerClosed)
+    }
+
+    /// Start reading the plain frame at `start` straight into `dst` if its header is in and the
+    /// frame is not (else `false`: [`RecvConn::peek`] reads it, the header first, so that a
+    /// poll makes one system call): `check` it, move the payload bytes already buffered into
+    /// `dst`, and empty the buffer (nothing follows an incomplete frame there).
+    fn begin_direct(&mut self, dst: &mut [u8], check: &dyn Fn(&Header) -> Result<()>) -> Result<bool> {
+        if self.end - self.start < HEADER_BYTES || self.complete()?.is_some() {
+            return Ok(false);
+        }
+        let h = Header::decode(&self.buf[self.start..self.end], self.max).map_err(|e| e.with_peer(self.peer))?;
+        check(&h)?;
+        if dst.len() != h.len as usize {
+            return Err(Error::internal("direct TCP read into a buffer of the wrong size").with_peer(self.peer));
+        }
+        let got = self.end - self.start - HEADER_BYTES;
+        dst[..got].copy_from_slice(&self.buf[self.start + HEADER_BYTES..self.end]);
+        (self.start, self.end) = (0, 0);
+        self.direct = Some((h, got));
+        Ok(true)
+    }
+
     fn fill(&mut self) -> Result<()> {
         if self.eof {
             return Ok(());
@@ -180,12 +225,21 @@ impl TcpRecv {
             self.end -= self.start;
             self.start = 0;
         }
+        // a large rest of a frame is read up to the frame's end only: bytes of the next frame
+        // read with it would be moved to the buffer's start before that frame could grow
+        // there; and a plain frame's start is read with at most HEAD_READ of its payload
+        let stop = match self.missing() {
+            m if m >= HEAD_READ => self.end + m,
+            0 if self.open.is_none() => self.start + HEADER_BYTES + HEAD_READ,
+            _ => self.buf.len(),
+        };
+        let stop = stop.min(self.buf.len());
         loop {
-            if self.end == self.buf.len() {
+            if self.end == stop {
                 return Ok(());
             }
-            let room = self.buf.len() - self.end;
-            match self.s.read(&mut self.buf[self.end..]) {
+            let room = stop - self.end;
+            match self.s.read(&mut self.buf[self.end..stop]) {
                 Ok(0) => {
                     self.eof = true;
                     return Ok(());
@@ -207,6 +261,9 @@ impl TcpRecv {
 
 impl RecvConn for TcpRecv {
     fn peek(&mut self) -> Result<Option<(Header, &[u8])>> {
+        if self.direct.is_some() {
+            return Ok(None); // the frame is going into the buffer take_into was given
+        }
         let mut got = self.complete()?;
         if got.is_none() {
             self.fill()?;
@@ -218,17 +275,51 @@ impl RecvConn for TcpRecv {
                 let s = self.start + self.pre() + HEADER_BYTES;
                 Ok(Some((h, &self.buf[s..s + h.len as usize])))
             }
-            None if self.eof => Err(Error::remote(format!(
-                "rank {} closed the TCP connection unexpectedly (process died or connection reset)",
-                self.peer
-            ))
-            .with_peer(self.peer)
-            .with_cause(Cause::PeerClosed)),
+            None if self.eof => Err(self.closed()),
             None => Ok(None),
         }
     }
 
+    fn take_into(&mut self, dst: &mut [u8], check: &dyn Fn(&Header) -> Result<()>) -> Result<Option<Header>> {
+        if self.open.is_some() {
+            return Ok(None); // nothing of a sealed frame is handed out before its tag verified
+        }
+        if self.direct.is_none() && !self.begin_direct(dst, check)? {
+            return Ok(None);
+        }
+        let (h, mut done) = self.direct.expect("a direct read under way");
+        if dst.len() != h.len as usize {
+            return Err(Error::internal("a direct TCP read resumed into a buffer of another size").with_peer(self.peer));
+        }
+        while done < dst.len() {
+            match self.s.read(&mut dst[done..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Err(self.closed());
+                }
+                // a short read emptied the socket
+                Ok(n) if done + n < dst.len() => {
+                    done += n;
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == IoKind::WouldBlock => break,
+                Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) => return Err(unreachable(self.peer, "receive", &e)),
+            }
+        }
+        self.direct = Some((h, done));
+        Ok((done == dst.len()).then_some(h))
+    }
+
     fn consume(&mut self) -> Result<()> {
+        if let Some((h, done)) = self.direct {
+            if done != h.len as usize {
+                return Err(Error::internal("tcp consume of a frame still arriving").with_peer(self.peer));
+            }
+            self.direct = None;
+            return Ok(());
+        }
         let (_, need) = self.complete()?.ok_or_else(|| Error::internal("tcp consume without a frame"))?;
         self.start += need;
         self.opened = None;
@@ -240,6 +331,13 @@ impl RecvConn for TcpRecv {
     }
 
     fn arm(&mut self) -> Result<Option<WaitSource>> {
+        if let Some((h, done)) = self.direct {
+            if self.eof {
+                return Ok(None);
+            }
+            self.wake_when(h.len as usize - done);
+            return Ok(Some(WaitSource::read(self.s.as_raw_fd())));
+        }
         if self.eof || self.complete()?.is_some() {
             return Ok(None);
         }

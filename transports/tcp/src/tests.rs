@@ -160,3 +160,80 @@ fn a_reader_sleeps_until_a_large_frame_is_whole() {
     let (h, p) = r.peek().unwrap().expect("the small frame");
     assert_eq!((h.step, p), (5, &[1u8, 2, 3][..]));
 }
+
+/// A frame whose header came while its payload was still arriving is read straight into the
+/// caller's buffer (`take_into`), resumed across calls while `peek` answers nothing, and is
+/// exact; a reader waiting on it sleeps until the rest is in. A frame that is whole in the
+/// lane's buffer, a small one, and one whose header fails the caller's check are not taken
+/// (the check's error is returned and the buffer untouched), and a peer that closes mid-frame
+/// is an error that names it.
+#[test]
+fn the_rest_of_a_large_frame_goes_straight_into_the_destination() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let s = l.accept().unwrap().0;
+    s.set_nonblocking(true).unwrap();
+    const LEN: usize = 100 << 10;
+    let mut r = TcpRecv::new(s, 256 << 10, 1, None);
+    let frame = |step: u32, len: usize| {
+        let mut f = Header { len: len as u32, step, ..Default::default() }.encode().to_vec();
+        f.extend((0..len).map(|i| (i * 7 % 251) as u8 ^ step as u8));
+        f
+    };
+    let ok = |_: &Header| Ok(());
+    let readable = |r: &mut TcpRecv| match r.arm().unwrap() {
+        None => true,
+        Some(src) => wait_any(&[src], Duration::from_millis(200)).unwrap(),
+    };
+
+    let f = frame(1, LEN);
+    w.write_all(&f[..HEADER_BYTES + 1000]).unwrap();
+    assert!(readable(&mut r));
+    let mut dst = vec![0u8; LEN];
+    assert!(r.take_into(&mut dst, &ok).unwrap().is_none(), "taken before its header was read");
+    assert!(r.peek().unwrap().is_none(), "a frame with most of it missing");
+    assert!(r.take_into(&mut dst, &ok).unwrap().is_none(), "taken with most of it missing");
+    assert!(r.peek().unwrap().is_none(), "peek saw a frame that is going into the destination");
+    assert!(r.consume().is_err(), "consumed a frame still arriving");
+    w.write_all(&f[HEADER_BYTES + 1000..HEADER_BYTES + 60_000]).unwrap();
+    assert!(!readable(&mut r), "woken with the frame's end still missing");
+    let _ = r.take_into(&mut dst, &ok).unwrap();
+    w.write_all(&f[HEADER_BYTES + 60_000..]).unwrap();
+    assert!(readable(&mut r), "not woken when the frame was whole");
+    let h = r.take_into(&mut dst, &ok).unwrap().expect("the whole frame");
+    assert_eq!((h.step, &dst[..]), (1, &f[HEADER_BYTES..]));
+    r.consume().unwrap();
+
+    // whole before it is asked for, small, or failing the check: left to peek
+    let (whole, small, bad) = (frame(2, 20_000), frame(3, 5_000), frame(9, LEN));
+    w.write_all(&whole).unwrap();
+    w.write_all(&small).unwrap();
+    w.write_all(&bad[..HEADER_BYTES + 10]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut dst2 = vec![0u8; 20_000];
+    while r.peek().unwrap().is_none() {}
+    assert!(r.take_into(&mut dst2, &ok).unwrap().is_none(), "a buffered frame was taken");
+    assert_eq!(r.peek().unwrap().unwrap().1, &whole[HEADER_BYTES..]);
+    r.consume().unwrap();
+    let mut dst3 = vec![0u8; 5_000];
+    assert!(r.take_into(&mut dst3, &ok).unwrap().is_none(), "a small frame was taken");
+    assert_eq!(r.peek().unwrap().unwrap().1, &small[HEADER_BYTES..]);
+    r.consume().unwrap();
+    let mut dst4 = vec![0xeeu8; LEN];
+    let refuse = |h: &Header| Err(oxccl_transport::Error::internal(format!("step {} refused", h.step)));
+    let e = r.take_into(&mut dst4, &refuse).unwrap_err();
+    assert!(e.message.contains("step 9 refused"), "{e}");
+    assert!(dst4.iter().all(|&b| b == 0xee), "bytes written before the header was checked");
+
+    // the peer goes away in the middle of a frame taken directly
+    assert!(r.take_into(&mut dst4, &ok).unwrap().is_none());
+    drop(w);
+    let t = Instant::now();
+    let e = loop {
+        match r.take_into(&mut dst4, &ok) {
+            Err(e) => break e,
+            Ok(got) => assert!(got.is_none() && t.elapsed() < Duration::from_secs(5)),
+        }
+    };
+    assert_eq!((e.cause, e.peer), (Some(Cause::PeerClosed), Some(1)), "{e}");
+}
