@@ -122,17 +122,23 @@ mod fuzz {
     }
 }
 
+/// A plain lane's receiving side (peer 1, 256 KiB frames) on loopback, and a raw socket that
+/// writes its frames.
+fn raw_lane() -> (TcpStream, TcpRecv) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let s = l.accept().unwrap().0;
+    s.set_nonblocking(true).unwrap();
+    (w, TcpRecv::new(s, 256 << 10, 1, None))
+}
+
 /// A reader waiting on a large frame sleeps until all of it is in (`SO_RCVLOWAT` set to what is
 /// missing), which also keeps Linux ACKing it as it arrives; a small frame after it still wakes it
 /// at once (the mark is back at 1), and the bytes are exact.
 #[test]
 fn a_reader_sleeps_until_a_large_frame_is_whole() {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let s = l.accept().unwrap().0;
-    s.set_nonblocking(true).unwrap();
+    let (mut w, mut r) = raw_lane();
     const LEN: usize = 48 << 10; // within the fresh connection's receive window
-    let mut r = TcpRecv::new(s, 256 << 10, 1, None);
     let body: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
     let mut frame = Header { len: LEN as u32, step: 4, ..Default::default() }.encode().to_vec();
     frame.extend_from_slice(&body);
@@ -169,12 +175,8 @@ fn a_reader_sleeps_until_a_large_frame_is_whole() {
 /// is an error that names it.
 #[test]
 fn the_rest_of_a_large_frame_goes_straight_into_the_destination() {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let s = l.accept().unwrap().0;
-    s.set_nonblocking(true).unwrap();
+    let (mut w, mut r) = raw_lane();
     const LEN: usize = 100 << 10;
-    let mut r = TcpRecv::new(s, 256 << 10, 1, None);
     let frame = |step: u32, len: usize| {
         let mut f = Header { len: len as u32, step, ..Default::default() }.encode().to_vec();
         f.extend((0..len).map(|i| (i * 7 % 251) as u8 ^ step as u8));
