@@ -201,15 +201,19 @@ impl TcpRecv {
     /// poll makes one system call): `check` it, move the payload bytes already buffered into
     /// `dst`, and empty the buffer (nothing follows an incomplete frame there).
     fn begin_direct(&mut self, dst: &mut [u8], check: &dyn Fn(&Header) -> Result<()>) -> Result<bool> {
-        if self.end - self.start < HEADER_BYTES || self.complete()?.is_some() {
+        let have = self.end - self.start;
+        if have < HEADER_BYTES {
             return Ok(false);
         }
         let h = Header::decode(&self.buf[self.start..self.end], self.max).map_err(|e| e.with_peer(self.peer))?;
+        if have >= HEADER_BYTES + h.len as usize {
+            return Ok(false);
+        }
         check(&h)?;
         if dst.len() != h.len as usize {
             return Err(Error::internal("direct TCP read into a buffer of the wrong size").with_peer(self.peer));
         }
-        let got = self.end - self.start - HEADER_BYTES;
+        let got = have - HEADER_BYTES;
         dst[..got].copy_from_slice(&self.buf[self.start + HEADER_BYTES..self.end]);
         (self.start, self.end) = (0, 0);
         self.direct = Some((h, got));
@@ -228,10 +232,15 @@ impl TcpRecv {
         // a large rest of a frame is read up to the frame's end only: bytes of the next frame
         // read with it would be moved to the buffer's start before that frame could grow
         // there; and a plain frame's start is read with at most HEAD_READ of its payload
-        let stop = match self.missing() {
-            m if m >= HEAD_READ => self.end + m,
-            0 if self.open.is_none() => self.start + HEADER_BYTES + HEAD_READ,
-            _ => self.buf.len(),
+        // (the header's length first: `missing` would build an error for a short header, and
+        // this runs at every poll of a small message's wait)
+        let stop = if self.open.is_none() && self.end - self.start < HEADER_BYTES {
+            self.start + HEADER_BYTES + HEAD_READ
+        } else {
+            match self.missing() {
+                m if m >= HEAD_READ => self.end + m,
+                _ => self.buf.len(),
+            }
         };
         let stop = stop.min(self.buf.len());
         loop {
