@@ -296,7 +296,7 @@ pub fn combine(
     debug_assert!(src.is_none_or(|s| s.len() == out.len()));
     if recv.is_some() != src.is_some() && post.is_none() && !matches!(op, ReduceOp::PreMulSum(_)) {
         // plain copy: no element arithmetic
-        out.copy_from_slice(recv.or(src).unwrap());
+        oxccl_simd::copy(out, recv.or(src).unwrap());
         return;
     }
     if dt == DataType::F16 && post.is_none() {

@@ -227,7 +227,7 @@ impl<'a> OpRun<'a> {
                 direct = true;
                 RECEIVED_DIRECT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(s) = slot.as_deref_mut() {
-                    s[..len].copy_from_slice(dst);
+                    oxccl_simd::copy(&mut s[..len], dst);
                 }
                 self.note_received(p);
             }

@@ -148,7 +148,7 @@ fn combine_to_both(
             let end = off + t.len();
             combine(dt, op, t, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
             if let Some(s) = slot.as_deref_mut() {
-                s[off..end].copy_from_slice(t);
+                oxccl_simd::copy(&mut s[off..end], t);
             }
         });
         return;
@@ -163,7 +163,7 @@ fn combine_to_both(
         let end = (off + tile).min(d.len());
         let dd = &mut d[off..end];
         combine(dt, op, dd, recv.map(|r| &r[off..end]), src.map(|x| &x[off..end]), post);
-        slot[off..end].copy_from_slice(dd);
+        oxccl_simd::copy(&mut slot[off..end], dd);
         off = end;
     }
 }
@@ -186,7 +186,7 @@ fn combine_inplace_to_both(
     while off < d.len() {
         let end = (off + tile).min(d.len());
         combine_inplace(dt, op, &mut d[off..end], recv.map(|r| &r[off..end]), post);
-        slot[off..end].copy_from_slice(&d[off..end]);
+        oxccl_simd::copy(&mut slot[off..end], &d[off..end]);
         off = end;
     }
 }

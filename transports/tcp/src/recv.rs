@@ -214,7 +214,7 @@ impl TcpRecv {
             return Err(Error::internal("direct TCP read into a buffer of the wrong size").with_peer(self.peer));
         }
         let got = have - HEADER_BYTES;
-        dst[..got].copy_from_slice(&self.buf[self.start + HEADER_BYTES..self.end]);
+        oxccl_simd::copy(&mut dst[..got], &self.buf[self.start + HEADER_BYTES..self.end]);
         (self.start, self.end) = (0, 0);
         self.direct = Some((h, got));
         Ok(true)
