@@ -50,10 +50,10 @@ mod vector {
     /// AVX2 must be available; `d` and `s` must be valid for `n >= 64` bytes and not overlap.
     #[target_feature(enable = "avx2")]
     unsafe fn copy_avx2(d: *mut u8, s: *const u8, n: usize) {
-        // SAFETY (all blocks below): every access lies within [0, n) of its buffer: the head
-        // and the tail are the first and last 32 bytes (n >= 64), and the loops stop 32 or 128
-        // bytes before n; stores in the loops are at `d + i` with `i` advanced to a multiple
-        // of 32 from `d`'s alignment, so aligned stores are aligned.
+        // SAFETY: every access lies within [0, n) of its buffer: the head and the tail are the
+        // first and last 32 bytes (n >= 64), and the loops stop 32 or 128 bytes before n;
+        // stores in the loops are at `d + i` with `i` advanced to a multiple of 32 from `d`'s
+        // alignment, so aligned stores are aligned. The caller guarantees AVX2 and validity.
         unsafe {
             let head = _mm256_loadu_si256(s.cast::<__m256i>());
             let tail = _mm256_loadu_si256(s.add(n - 32).cast::<__m256i>());
@@ -103,11 +103,25 @@ mod tests {
         let mut dst = vec![0u8; src.len() + 128];
         for s_off in [0, 1, 8, 31, 32, 33] {
             for d_off in [0, 1, 5, 16, 32, 40, 63] {
-                for len in [0, 1, 63, 64, 65, VECTOR_FROM - 1, VECTOR_FROM, VECTOR_FROM + 1, VECTOR_FROM + 127, 3 * VECTOR_FROM] {
+                for len in [
+                    0,
+                    1,
+                    63,
+                    64,
+                    65,
+                    VECTOR_FROM - 1,
+                    VECTOR_FROM,
+                    VECTOR_FROM + 1,
+                    VECTOR_FROM + 127,
+                    3 * VECTOR_FROM,
+                ] {
                     dst.fill(0xee);
                     copy(&mut dst[d_off..d_off + len], &src[s_off..s_off + len]);
                     assert_eq!(&dst[d_off..d_off + len], &src[s_off..s_off + len], "{s_off} {d_off} {len}");
-                    assert!(dst[..d_off].iter().chain(&dst[d_off + len..]).all(|&b| b == 0xee), "{s_off} {d_off} {len}");
+                    assert!(
+                        dst[..d_off].iter().chain(&dst[d_off + len..]).all(|&b| b == 0xee),
+                        "{s_off} {d_off} {len}"
+                    );
                 }
             }
         }
