@@ -110,18 +110,21 @@ fn forwarded_inputs_go_by_reference_in_small_operations() {
     }
 }
 
-/// With the probe of the kernel's copy on (the default), what pays on any machine still goes
-/// by reference: a broadcast of one message from its root and each rank's block of a 2-rank
-/// all-gather. Only a root's operations of several messages depend on the probe's verdict.
+/// With the probe of the kernel's copy on (the default), its verdict decides: where that copy
+/// pays, a broadcast of one message from its root and each rank's block of a 2-rank all-gather
+/// go by reference; where it does not, nothing does between cores that are close or not
+/// measured (two copies through the slots are faster). Messages here are too small to be timed
+/// (`placement.rs` in the shm transport), so the placement stays unmeasured.
 #[test]
-fn the_probe_keeps_single_copy_where_it_pays_on_any_machine() {
+fn the_probe_decides_whether_small_operations_forward_by_reference() {
     use oxccl::exec::single_copy_counts;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut cf = cfg();
-    cf.chunk_bytes = 16 << 10;
+    cf.chunk_bytes = 8 << 10;
     cf.cma_min_bytes = usize::MAX;
     cf.cma_forward = 4096..(1 << 20);
     assert!(cf.cma_forward_probe, "the probe is on by default");
+    let pays = oxccl_transport_shm::copy_probe().forward_pays();
     let two = Communicator::init_all_with_config(2, cf).unwrap();
     // (the all-gather first: a first operation runs while its connections are being accepted,
     // before the receiver has said that it can read by reference)
@@ -130,6 +133,12 @@ fn the_probe_keeps_single_copy_where_it_pays_on_any_machine() {
         on_all(&two, |c| check(c, coll, DataType::F32, ReduceOp::Sum, count, 0, false));
         let after = single_copy_counts();
         let (sent, direct) = (after.0 - before.0, after.1 - before.1);
-        assert!(sent > 0 && sent == direct, "{coll:?} count {count}: {before:?} -> {after:?}");
+        let seen =
+            format!("{coll:?} count {count}, probe {:?}: {before:?} -> {after:?}", oxccl_transport_shm::copy_probe());
+        if pays {
+            assert!(sent > 0 && sent == direct, "{seen}");
+        } else {
+            assert!(sent == 0 && direct == 0, "{seen}");
+        }
     }
 }

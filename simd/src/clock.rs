@@ -98,6 +98,35 @@ pub fn now() -> Instant {
     })
 }
 
+/// The raw counter, for differences between readings on different cores: `None` where the
+/// kernel does not keep time by it (then the cores' counters need not agree).
+#[inline]
+pub fn ticks() -> Option<u64> {
+    BASE.get_or_init(first).map(|_| tsc::read())
+}
+
+/// Counter ticks that `f` took, with the counter read in order with the instructions around it
+/// (`lfence` before the first reading, `rdtscp` after `f`'s loads have completed): for timing a
+/// single memory access. `None` where the counter is not used.
+#[inline]
+pub fn time(f: impl FnOnce()) -> Option<u64> {
+    (*BASE.get_or_init(first))?;
+    let t0 = tsc::read_fenced();
+    f();
+    Some(tsc::read_after().wrapping_sub(t0))
+}
+
+/// Counter ticks per nanosecond, measured from the process's first reading; `None` where the
+/// counter is not used or until that baseline is [`MIN_BASELINE`] long. It reads the system
+/// clock: call it once and keep the value.
+pub fn ticks_per_ns() -> Option<f64> {
+    let base = (*BASE.get_or_init(first))?;
+    let (at, t) = pair();
+    let since = at.checked_duration_since(base.0).filter(|&d| d >= MIN_BASELINE)?;
+    let ticks = t.checked_sub(base.1).filter(|&t| t > 0)?;
+    Some(ticks as f64 / since.as_nanos() as f64)
+}
+
 /// A fresh anchor for this thread; returns the time it read.
 #[cold]
 fn renew(a: &Cell<Option<Anchor>>, base: (Instant, u64)) -> Instant {
@@ -145,12 +174,48 @@ mod tsc {
         // it enabled for user space where its clock source is the counter, checked first).
         unsafe { std::arch::x86_64::_rdtsc() }
     }
+
+    /// The counter, read after every earlier instruction has completed and before any later
+    /// one starts (`lfence; rdtsc; lfence`).
+    #[inline]
+    pub fn read_fenced() -> u64 {
+        use std::arch::x86_64::{_mm_lfence, _rdtsc};
+        // SAFETY: lfence (SSE2, baseline on x86-64) and rdtsc have no preconditions.
+        unsafe {
+            _mm_lfence();
+            let t = _rdtsc();
+            _mm_lfence();
+            t
+        }
+    }
+
+    /// The counter, read once every earlier instruction (its loads included) has completed
+    /// (`rdtscp`; later ones wait behind an `lfence`).
+    #[inline]
+    pub fn read_after() -> u64 {
+        use std::arch::x86_64::{__rdtscp, _mm_lfence};
+        let mut aux = 0u32;
+        // SAFETY: rdtscp writes the processor id into `aux`, a valid u32; lfence has no
+        // preconditions. Every x86-64 CPU with an invariant counter (which the kernel's `tsc`
+        // clock source, checked before the counter is used, requires) has rdtscp.
+        unsafe {
+            let t = __rdtscp(&mut aux);
+            _mm_lfence();
+            t
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 mod tsc {
     pub const AVAILABLE: bool = false;
     pub fn read() -> u64 {
+        0
+    }
+    pub fn read_fenced() -> u64 {
+        0
+    }
+    pub fn read_after() -> u64 {
         0
     }
 }
@@ -183,6 +248,22 @@ mod tests {
         let a = Anchor::new((t0, 0), t0 + Duration::from_secs(100), 240_000_000_000).unwrap();
         let end = a.time(a.tsc + a.span - 1).unwrap().duration_since(t0 + Duration::from_secs(100));
         assert!(end <= MAX_SPAN && end > MAX_SPAN - Duration::from_micros(1), "{end:?}");
+    }
+
+    #[test]
+    fn the_rate_is_measured_where_the_counter_is_used() {
+        start();
+        std::thread::sleep(MIN_BASELINE * 2);
+        match (ticks(), ticks_per_ns()) {
+            (Some(_), Some(r)) => {
+                assert!(r > 0.05 && r < 20.0, "{r} ticks per ns");
+                // a microsecond's sleep takes at least a microsecond's ticks
+                let t = time(|| std::thread::sleep(Duration::from_micros(1))).unwrap();
+                assert!(t as f64 >= r * 1000.0, "{t} ticks");
+            }
+            (None, None) => {}
+            other => panic!("counter and rate disagree: {other:?}"),
+        }
     }
 
     #[test]

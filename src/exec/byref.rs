@@ -38,8 +38,8 @@ pub(super) struct Role {
     pub receives: bool,
     /// Messages the operation takes ([`oxccl_transport::SendConn::max_message`] each).
     pub messages: usize,
-    /// The connection's [`oxccl_transport::SendConn::borrow_forward_overlaps`].
-    pub overlaps: bool,
+    /// The connection forwards whatever the role ([`oxccl_transport::Forwarding::any_role`]).
+    pub any: bool,
 }
 
 /// A rank that only sends, out of place, sends by reference operations of at most this many
@@ -48,19 +48,20 @@ pub(super) struct Role {
 const OVERLAP_MESSAGES: usize = 4;
 
 /// Whether an operation of `op_bytes` sends its forwarded inputs by reference, given the
-/// connection's range for them ([`oxccl_transport::SendConn::borrow_forward_ops`]). In place
+/// connection's range for them ([`oxccl_transport::SendConn::borrow_forward`]). In place
 /// there is no copy of its own for the receiver's read to overlap, only the second copy to
 /// save, so the system call pays from twice the range's start (measured: a 32 KiB broadcast in
 /// place lost 0.88×, 64 KiB won 1.15×). A rank that only sends, in place, saves nothing on its
 /// own core: single copy pays there only while the operation is one message, whose two copies
-/// the slots cannot overlap (out of place, [`OVERLAP_MESSAGES`], or one where the
-/// connection's read by reference is slow: [`Role::overlaps`]). A rank that receives too
+/// the slots cannot overlap (out of place, [`OVERLAP_MESSAGES`]). A rank that receives too
 /// saves a copy on its own core: the whole range. A rank that also passes on what it received
 /// (a ring of more than two) saves one copy in several and waits for its readers: it sends
-/// through the slots (bench/RESULTS.md "Single copy by role").
+/// through the slots (bench/RESULTS.md "Single copy by role"). A connection whose own copies
+/// are slow just now ([`Role::any`]: shared memory between cores far apart) forwards whatever
+/// the role.
 pub(super) fn forwards(range: std::ops::Range<usize>, op_bytes: usize, role: Role) -> bool {
     let from = if role.split { range.start } else { range.start.saturating_mul(2) };
-    let pays = role.receives || role.messages <= if role.split && role.overlaps { OVERLAP_MESSAGES } else { 1 };
+    let pays = role.any || role.receives || role.messages <= if role.split { OVERLAP_MESSAGES } else { 1 };
     (from..range.end).contains(&op_bytes) && role.only_input && pays
 }
 
@@ -135,8 +136,8 @@ mod tests {
     fn in_place_operations_forward_by_reference_from_twice_the_start() {
         let r = 32..256;
         let (split, inplace) = (
-            Role { only_input: true, split: true, receives: false, messages: 1, overlaps: true },
-            Role { only_input: true, split: false, receives: false, messages: 1, overlaps: true },
+            Role { only_input: true, split: true, receives: false, messages: 1, any: false },
+            Role { only_input: true, split: false, receives: false, messages: 1, any: false },
         );
         assert!(forwards(r.clone(), 32, split) && !forwards(r.clone(), 32, inplace));
         assert!(forwards(r.clone(), 64, inplace) && !forwards(r.clone(), 256, split));
@@ -146,7 +147,7 @@ mod tests {
     #[test]
     fn a_rank_that_only_sends_forwards_by_reference_only_a_few_messages() {
         let r = 32..4096;
-        let two = Role { only_input: true, split: false, receives: false, messages: 2, overlaps: true };
+        let two = Role { only_input: true, split: false, receives: false, messages: 2, any: false };
         assert!(!forwards(r.clone(), 1024, two));
         assert!(forwards(r.clone(), 1024, Role { messages: 1, ..two }));
         assert!(forwards(r.clone(), 1024, Role { split: true, ..two }));
@@ -155,13 +156,11 @@ mod tests {
         // one that receives too: the whole range
         assert!(forwards(r.clone(), 1024, Role { receives: true, ..many }));
         assert!(forwards(r.clone(), 1024, Role { receives: true, split: false, ..many }));
-        // where reading by reference is slow, a root forwards one message only
-        let slow = Role { overlaps: false, ..many };
-        assert!(forwards(r.clone(), 1024, Role { messages: 1, ..slow }));
-        assert!(!forwards(r.clone(), 1024, Role { messages: 2, ..slow }));
-        assert!(forwards(r.clone(), 1024, Role { receives: true, ..slow }));
+        // a connection whose own copies are slow just now: every role in range
+        assert!(forwards(r.clone(), 1024, Role { any: true, ..many }));
+        assert!(!forwards(r.clone(), 8192, Role { any: true, ..many }));
         // a rank that also passes on what it received never does
-        let relay = Role { only_input: false, split: true, receives: true, messages: 1, overlaps: true };
+        let relay = Role { only_input: false, split: true, receives: true, messages: 1, any: false };
         assert!(!forwards(r.clone(), 1024, relay));
     }
 

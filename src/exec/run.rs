@@ -54,7 +54,7 @@ fn zeros(n: usize) -> PeerCounts {
 /// Messages of at least this many bytes are sent by reference (single copy) where the
 /// schedule, the transport and the operation's size (count × type size, at least the
 /// connection's [`oxccl_transport::SendConn::borrow_min_op`], or in its
-/// [`oxccl_transport::SendConn::borrow_forward_ops`] for a step that passes its input on) allow.
+/// [`oxccl_transport::SendConn::borrow_forward`] for a step that passes its input on) allow.
 const BORROW_MIN: usize = 4096;
 
 impl<'a> OpRun<'a> {
@@ -175,14 +175,16 @@ impl<'a> OpRun<'a> {
             let op_bytes = self.fp.count * es;
             // in small operations, only a step that passes its input on sends by reference,
             // published before its own copy; in large ones, every stable value, after it
-            let role = || Role {
+            let role = |any: bool| Role {
                 only_input: self.sched.sends_only_input(),
                 split,
                 receives: !self.sched.peers().0.is_empty(),
                 messages: op_bytes.div_ceil(c.max_message().max(1)),
-                overlaps: c.borrow_forward_overlaps(),
+                any,
             };
-            let forwarded = (len >= BORROW_MIN && forwards(c.borrow_forward_ops(), op_bytes, role()))
+            let forwarded = (len >= BORROW_MIN)
+                .then(|| c.borrow_forward())
+                .is_some_and(|f| forwards(f.ops, op_bytes, role(f.any_role)))
                 .then(|| self.forwarded_input(pc, step))
                 .flatten();
             let stable = || (split && op_bytes >= c.borrow_min_op()).then(|| self.sched.stable_send(pc)).flatten();

@@ -11,28 +11,29 @@ use oxccl_transport_rdma::{NetChoice, RdmaConfig, RdmaTransport};
 use oxccl_transport_shm::{ShmConfig, ShmTransport};
 use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 
-/// Whether a rank that only sends forwards its input by reference in operations of several
-/// messages ([`oxccl_transport::SendConn::borrow_forward_overlaps`]): where the kernel's copy
-/// runs at a good fraction of memcpy's speed ([`oxccl_transport_shm::copy_probe`]). Where it
-/// does not, the slots pipeline the root's copy and the receiver's over the two cores faster
-/// (bench/RESULTS.md "Single copy where the kernel's copy is slow").
-fn forward_overlaps(cfg: &Config, rank: usize) -> bool {
+/// Whether forwarded inputs go by reference only while the two processes run far apart
+/// (`oxccl_transport_shm::ShmConfig::cma_forward_far_only`): where the kernel's copy runs at
+/// under [`oxccl_transport_shm::FORWARD_MIN_RATIO`] of memcpy's speed
+/// ([`oxccl_transport_shm::copy_probe`]). Between close cores two copies through the slots then
+/// beat one through the kernel, even in an operation of one message (bench/RESULTS.md "Copies
+/// whose buffers are not aligned alike").
+fn forward_far_only(cfg: &Config, rank: usize) -> bool {
     if !cfg.cma || !cfg.cma_forward_probe || cfg.cma_forward.is_empty() {
-        return true;
+        return false;
     }
     let p = oxccl_transport_shm::copy_probe();
     let gbs = |r: f64| r / 1e9;
     tracing::info!(
         rank,
-        "SHM process_vm_readv {:.1} GB/s, memcpy {:.1} GB/s ({:.2} of it; {} {}): a root forwards by reference operations of {}",
+        "SHM process_vm_readv {:.1} GB/s, memcpy {:.1} GB/s ({:.2} of it; {} {}): small operations forward by reference {}",
         p.kernel.map_or(0.0, gbs),
         gbs(p.memcpy),
         p.ratio(),
         if p.forward_pays() { "at least" } else { "below" },
         oxccl_transport_shm::FORWARD_MIN_RATIO,
-        if p.forward_pays() { "a few messages" } else { "one message" }
+        if p.forward_pays() { "as configured" } else { "only between cores far apart" }
     );
-    p.forward_pays()
+    !p.forward_pays()
 }
 
 /// The transports of rank `ctx.rank`, in priority order (the last, TCP, connects any pair).
@@ -46,7 +47,7 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
             cma_min_op: cfg.cma_min_bytes,
             cma_forward_min: cfg.cma_forward.start,
             cma_forward_max: cfg.cma_forward.end,
-            cma_forward_overlaps: forward_overlaps(cfg, ctx.rank),
+            cma_forward_far_only: forward_far_only(cfg, ctx.rank),
         };
         list.push(Box::new(ShmTransport::new(ctx.clone(), shm)?));
     }

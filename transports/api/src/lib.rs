@@ -176,6 +176,19 @@ pub struct TransportCtx {
     pub peers: Vec<PeerInfo>,
 }
 
+/// A connection's answer to [`SendConn::borrow_forward`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Forwarding {
+    /// Operations (count × type size) in this range forward by reference. That pays while the
+    /// operation fits in the caches; from [`SendConn::borrow_min_op`] on, the sender's copy runs
+    /// first and leaves the bytes in the shared cache for the reader. Empty: never.
+    pub ops: std::ops::Range<usize>,
+    /// The executor narrows `ops` by the sending rank's role (`src/exec/byref.rs`), unless this
+    /// is set: the connection's own copies are slow just now (shared memory between cores far
+    /// apart), and sending by reference pays whatever the role.
+    pub any_role: bool,
+}
+
 /// The sending half of a connection: a FIFO of messages with in-place slots.
 pub trait SendConn: Send {
     /// Largest payload of one message.
@@ -217,23 +230,11 @@ pub trait SendConn: Send {
     fn borrow_min_op(&self) -> usize {
         usize::MAX
     }
-    /// Single copy (optional): operations (count × type size) in this range also send by
-    /// reference the messages that only pass the sender's unchanged input on, committed before
-    /// the sender's own copy so that the receiver's read overlaps it. That pays while the
-    /// operation fits in the caches; from [`SendConn::borrow_min_op`] on, the sender's copy
-    /// runs first and leaves the bytes in the shared cache for the reader. The executor narrows it
-    /// by the sending rank's role (`src/exec/byref.rs`). Empty: never.
-    fn borrow_forward_ops(&self) -> std::ops::Range<usize> {
-        0..0
-    }
-    /// Single copy (optional): whether a rank that only sends (a broadcast's root, out of
-    /// place) still forwards by reference in operations of a few messages, where the receiver's
-    /// reads overlap the sender's own copy. `false` where reading by reference is so much slower
-    /// than the slots' copy that from two messages on the slots' pipeline wins: then only
-    /// operations of one message forward (shared memory: measured at start,
-    /// `oxccl_transport_shm::copy_probe`).
-    fn borrow_forward_overlaps(&self) -> bool {
-        true
+    /// Single copy (optional): which operations also send by reference the messages that only
+    /// pass the sender's unchanged input on, committed before the sender's own copy so that the
+    /// receiver's read overlaps it ([`Forwarding`]). Asked once per such message.
+    fn borrow_forward(&self) -> Forwarding {
+        Forwarding::default()
     }
     /// Single copy (optional): whether sending by reference still pays when the receiver
     /// combines the message with its own data rather than only copying it. Shared memory: no

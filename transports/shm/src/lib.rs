@@ -16,6 +16,7 @@
 //!
 //! Safety: all `unsafe` is in `segment.rs` (mmap, atomics and slices in the mapping).
 
+mod placement;
 mod probe;
 mod segment;
 
@@ -23,7 +24,7 @@ pub use probe::{copy_probe, CopyProbe, FORWARD_MIN_RATIO};
 
 use oxccl_transport::wait::{ring_fd, Doorbell, WaitSource};
 use oxccl_transport::{
-    check_alive, Error, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
+    check_alive, Error, Forwarding, Header, PeerInfo, PendingRecv, RecvConn, Result, SendConn, Transport, TransportCtx,
     HEADER_BYTES,
 };
 use segment::*;
@@ -45,12 +46,15 @@ pub struct ShmConfig {
     pub cma_min_op: usize,
     /// ... and, in operations of `cma_forward_min..cma_forward_max` bytes (default 32 KiB..32
     /// MiB), the messages that only pass the sender's input on
-    /// ([`SendConn::borrow_forward_ops`]; the executor narrows it by the rank's role).
+    /// ([`SendConn::borrow_forward`]; the executor narrows it by the rank's role).
     pub cma_forward_min: usize,
     /// See [`ShmConfig::cma_forward_min`].
     pub cma_forward_max: usize,
-    /// [`SendConn::borrow_forward_overlaps`]: the caller sets it from [`copy_probe`].
-    pub cma_forward_overlaps: bool,
+    /// ... but only while the receiver measures the two processes far apart (`placement.rs`),
+    /// and then whatever the sending rank's role ([`Forwarding::any_role`]): where the kernel's
+    /// copy is slow ([`copy_probe`]), two copies through the slots win between close cores,
+    /// and lose between cores far apart.
+    pub cma_forward_far_only: bool,
 }
 
 impl Default for ShmConfig {
@@ -62,7 +66,7 @@ impl Default for ShmConfig {
             cma_min_op: 32 << 20,
             cma_forward_min: 32 << 10,
             cma_forward_max: 32 << 20,
-            cma_forward_overlaps: true,
+            cma_forward_far_only: false,
         }
     }
 }
@@ -158,6 +162,7 @@ impl Transport for ShmTransport {
             tail_seen: 0,
             borrowed_until: 0,
             want_room: false,
+            far_asked: std::cell::Cell::new(0),
             doorbell: self.doorbell.clone(),
             peer_doorbell,
         }))
@@ -202,6 +207,7 @@ impl PendingRecv for PendingShm {
             tail: 0,
             materialized: None,
             take_missed: false,
+            lines: placement::LineTime::default(),
             doorbell,
             peer_doorbell,
             peer,
@@ -224,6 +230,9 @@ struct ShmSend {
     /// The last attempt to send found the ring full: `arm` then waits for room (otherwise it
     /// waits for messages sent by reference to be consumed).
     want_room: bool,
+    /// Messages that could have gone by reference while the receiver measured us far apart
+    /// (one in [`placement::PROBE_EVERY`] goes through the slots all the same).
+    far_asked: std::cell::Cell<u32>,
     doorbell: Arc<Doorbell>,
     peer_doorbell: OwnedFd,
 }
@@ -233,6 +242,12 @@ fn header_line(slot: usize) -> usize {
 }
 
 impl ShmSend {
+    /// Whether the receiver measures us far apart, but for one ask in
+    /// [`placement::PROBE_EVERY`], which keeps its measurement going.
+    fn far_now(&self) -> bool {
+        placement::forward_now(self.seg.u32_at(OFF_PLACEMENT).load(Ordering::Relaxed), &self.far_asked)
+    }
+
     fn has_room(&mut self) -> bool {
         if self.head - self.tail_seen < self.cfg.slots as u64 {
             return true;
@@ -339,16 +354,15 @@ impl SendConn for ShmSend {
         }
     }
 
-    fn borrow_forward_ops(&self) -> std::ops::Range<usize> {
-        if self.cfg.cma {
-            self.cfg.cma_forward_min..self.cfg.cma_forward_max
-        } else {
-            0..0
+    fn borrow_forward(&self) -> Forwarding {
+        let ops = self.cfg.cma_forward_min..self.cfg.cma_forward_max;
+        match (self.cfg.cma, self.cfg.cma_forward_far_only) {
+            (false, _) => Forwarding::default(),
+            (true, false) => Forwarding { ops, any_role: false },
+            // far apart, every byte through the slots crosses between the cores slowly
+            (true, true) if self.far_now() => Forwarding { ops, any_role: true },
+            (true, true) => Forwarding::default(),
         }
-    }
-
-    fn borrow_forward_overlaps(&self) -> bool {
-        self.cfg.cma_forward_overlaps
     }
 
     fn commit_borrowed(&mut self, header: Header, addr: usize) -> Result<()> {
@@ -413,12 +427,34 @@ struct ShmRecv {
     /// reference that `peek` finds now came in between, and is left for the next `take_into`
     /// to read straight into its destination (rather than through the slot).
     take_missed: bool,
+    /// How far apart the sender's core and ours are (`placement.rs`).
+    lines: placement::LineTime,
     doorbell: Arc<Doorbell>,
     peer_doorbell: OwnedFd,
     peer: usize,
 }
 
 impl ShmRecv {
+    /// Time one load of a line in the middle of the current message (at `off`, `len` bytes),
+    /// which the sender has just written, and publish a changed verdict for the sender.
+    fn time_line(&mut self, off: usize, len: usize) {
+        let line = self.seg.bytes(off + len / 2 / 64 * 64, 1);
+        let ticks = oxccl_simd::clock::time(|| {
+            std::hint::black_box(std::hint::black_box(line)[0]);
+        });
+        if let Some((verdict, ns)) = self.lines.timed(self.tail, ticks, oxccl_simd::clock::ticks_per_ns) {
+            self.seg.u32_at(OFF_PLACEMENT).store(verdict, Ordering::Relaxed);
+            let far = verdict == placement::FAR;
+            tracing::info!(
+                target: "SHM",
+                "SHM from rank {}: a line of its takes {ns:.0} ns to load ({}): inputs go {}",
+                self.peer,
+                if far { "cores far apart" } else { "cores close" },
+                if far && self.cfg.cma_forward_far_only { "by reference" } else { "through the slots" }
+            );
+        }
+    }
+
     fn has_data(&self) -> bool {
         let slot = (self.tail % self.cfg.slots as u64) as usize;
         self.seg.u64_at(header_line(slot) + SLOT_FLAG).load(Ordering::Acquire) == self.tail + 1
@@ -482,6 +518,8 @@ impl RecvConn for ShmRecv {
                 self.borrowed_read(r)?;
                 self.materialized = Some(self.tail);
             }
+        } else if self.lines.wants(self.tail, len) {
+            self.time_line(off, len);
         }
         Ok(Some((h, self.seg.bytes(off, len))))
     }

@@ -4,9 +4,9 @@
 //! Sending an operation's input by reference saves the sender a copy into a slot but makes the
 //! receiver read through the kernel, which pins the sender's pages for every read. Where that
 //! read runs at a good fraction of memcpy's speed the saved copy wins; where it runs at a
-//! quarter (an AMD EPYC VM: 13 GB/s against 45) it wins only in operations of one message,
-//! and from two on the slots' pipelined copies are faster (bench/RESULTS.md "Single copy where
-//! the kernel's copy is slow"). The caller decides with [`CopyProbe::forward_pays`].
+//! quarter or a third (an AMD EPYC VM: 8–13 GB/s against 25–45) two copies through the slots
+//! are faster, even in an operation of one message (bench/RESULTS.md "Copies whose buffers are
+//! not aligned alike"). The caller decides with [`CopyProbe::forward_pays`].
 
 use crate::segment::read_remote;
 use std::sync::OnceLock;
@@ -39,8 +39,7 @@ impl CopyProbe {
         self.kernel.map_or(0.0, |k| k / self.memcpy)
     }
 
-    /// Whether sending inputs by reference pays in operations of several messages here
-    /// ([`FORWARD_MIN_RATIO`]).
+    /// Whether sending inputs by reference pays here at all ([`FORWARD_MIN_RATIO`]).
     pub fn forward_pays(&self) -> bool {
         self.ratio() >= FORWARD_MIN_RATIO
     }

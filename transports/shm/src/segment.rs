@@ -21,6 +21,8 @@ pub const OFF_RECEIVER_CLOSED: usize = 148; // u32
 pub const OFF_CMA: usize = 152; // u32
 /// Address, in the sender's process, of [`CMA_PROBE`] (the receiver reads it to test CMA).
 pub const OFF_SENDER_PROBE: usize = 160; // u64
+/// How far apart the two processes run, as the receiver last measured it (`placement.rs`).
+pub const OFF_PLACEMENT: usize = 168; // u32
 pub const OFF_SLOT_HEADERS: usize = 256; // nslots * 64 bytes
 /// Stride of a slot header: one cache line holding the frame header, an inline payload and the
 /// slot's flag (LL-style: a small message and its flag arrive in one line).

@@ -68,7 +68,7 @@ const CMA_CFG: ShmConfig = ShmConfig {
     cma_min_op: 32 << 20,
     cma_forward_min: 0,
     cma_forward_max: 0,
-    cma_forward_overlaps: true,
+    cma_forward_far_only: false,
 };
 
 /// A connection that may send by reference, and 3000 bytes to send (`i * k` as bytes).
