@@ -46,9 +46,10 @@ pub struct Config {
     pub cma_forward: std::ops::Range<usize>,
     /// Measure once per process how fast the kernel's copy runs against memcpy; where it is
     /// below `oxccl_transport_shm::FORWARD_MIN_RATIO` of it, inputs are forwarded by reference
-    /// only while the two processes run on cores far apart (measured all along from the
-    /// messages' stamps): between close cores two copies through the slots take less time than
-    /// one through the kernel (bench/RESULTS.md "Copies whose buffers are not aligned alike").
+    /// only while the two processes run on cores far apart (measured all along by the
+    /// receiver, which times a load of each large message): between close cores two copies
+    /// through the slots take less time than one through the kernel (bench/RESULTS.md "Copies
+    /// whose buffers are not aligned alike").
     /// `OXCCL_CMA_FORWARD_PROBE=0` skips the probe and keeps the rules of `cma_forward`.
     pub cma_forward_probe: bool,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
