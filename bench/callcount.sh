@@ -15,10 +15,10 @@ fi
 command -v valgrind >/dev/null || { echo "callcount.sh: valgrind is not installed" >&2; exit 1; }
 D="$(mktemp -d)"
 trap 'rm -rf "$D"' EXIT
-total() { # calls -> instructions of the rank (the largest profile: the launcher's is small)
-  OXCCL_SOCKET_IFNAME=lo valgrind --tool=callgrind --trace-children=yes \
-    --callgrind-out-file="$D/cg$1.%p" "$BIN" --np 1 -b 8 -e 8 -n "$1" -w 10 -c 0 >/dev/null 2>&1
-  callgrind_annotate "$(ls -S "$D"/cg"$1".* | head -1)" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+# shellcheck source=bench/callgrind_rank.sh
+. "$ROOT/bench/callgrind_rank.sh"
+total() { # calls -> instructions of the rank
+  callgrind_annotate "$(rank_profile "$D" "$BIN" "$1")" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
 }
 a="$(total "$N")"
 b="$(total $((2 * N)))"
