@@ -8,15 +8,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${1:-}"
 N="${2:-2000}"
-if [ -z "$BIN" ]; then
-  (cd "$ROOT" && cargo build --profile perf -q -p oxccl-bench)
-  BIN="$ROOT/target/perf/oxccl-perf"
-fi
-command -v valgrind >/dev/null || { echo "callcount.sh: valgrind is not installed" >&2; exit 1; }
-D="$(mktemp -d)"
-trap 'rm -rf "$D"' EXIT
 # shellcheck source=bench/callgrind_rank.sh
 . "$ROOT/bench/callgrind_rank.sh"
+callgrind_prelude callcount.sh
 total() { # calls -> instructions of the rank
   callgrind_annotate "$(rank_profile "$D" "$BIN" "$1")" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
 }

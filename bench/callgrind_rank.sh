@@ -1,5 +1,17 @@
 # callgrind_rank.sh - sourced by callcount.sh and callprofile.sh: profile one rank of oxccl-perf.
 #
+# callgrind_prelude NAME (with ROOT and BIN set): builds oxccl-perf into BIN if BIN is empty,
+# checks that valgrind is there, and makes a temporary folder D, removed at exit.
+callgrind_prelude() {
+  if [ -z "$BIN" ]; then
+    (cd "$ROOT" && cargo build --profile perf -q -p oxccl-bench)
+    BIN="$ROOT/target/perf/oxccl-perf"
+  fi
+  command -v valgrind >/dev/null || { echo "$1: valgrind is not installed" >&2; exit 1; }
+  D="$(mktemp -d)"
+  trap 'rm -rf "$D"' EXIT
+}
+
 # rank_profile DIR BIN CALLS [ARGS...] runs `oxccl-perf --np 1` with CALLS iterations under
 # callgrind and prints the path of the rank's profile. The launcher can return before its
 # rank's profile is written, so it waits for both; and it picks the rank's by its instruction

@@ -12,15 +12,9 @@ N="${2:-4000}"
 TOP="${3:-40}"
 shift $(($# < 3 ? $# : 3))
 EXTRA=("$@")
-if [ -z "$BIN" ]; then
-  (cd "$ROOT" && cargo build --profile perf -q -p oxccl-bench)
-  BIN="$ROOT/target/perf/oxccl-perf"
-fi
-command -v valgrind >/dev/null || { echo "callprofile.sh: valgrind is not installed" >&2; exit 1; }
-D="$(mktemp -d)"
-trap 'rm -rf "$D"' EXIT
 # shellcheck source=bench/callgrind_rank.sh
 . "$ROOT/bench/callgrind_rank.sh"
+callgrind_prelude callprofile.sh
 
 # calls mode -> "instructions<TAB>function" per line (mode: no = self, yes = inclusive)
 costs() {
