@@ -14,20 +14,21 @@ callgrind_prelude() {
 
 # rank_profile DIR BIN CALLS [ARGS...] runs `oxccl-perf --np 1` with CALLS iterations under
 # callgrind and prints the path of the rank's profile. The launcher can return before its
-# rank's profile is written, so it waits for both; and it picks the rank's by its instruction
-# total, not by file size (the launcher's file is about as large).
+# rank's profile is written, so it waits (up to 10 s) until both profiles are complete (callgrind
+# ends a file with its `totals:` line); and it picks the rank's by its instruction total, not by
+# file size (the launcher's file is about as large).
 rank_profile() {
   local dir="$1" bin="$2" calls="$3" i f
   shift 3
   rm -f "$dir/cg$calls".*
   OXCCL_SOCKET_IFNAME=lo valgrind --tool=callgrind --trace-children=yes \
     --callgrind-out-file="$dir/cg$calls.%p" "$bin" --np 1 -b 8 -e 8 -n "$calls" -w 10 -c 0 "$@" >/dev/null 2>&1
+  complete() { grep -l '^totals:' "$dir/cg$calls".* 2>/dev/null || true; }
   for i in $(seq 100); do
-    [ "$(find "$dir" -name "cg$calls.*" | wc -l)" -ge 2 ] && break
+    [ "$(complete | wc -l)" -ge 2 ] && break
     sleep 0.1
   done
-  sleep 0.3 # (the last one found may still be being written)
-  for f in "$dir/cg$calls".*; do
+  for f in $(complete); do
     echo "$(grep -m1 '^summary:' "$f" | cut -d' ' -f2) $f"
   done | sort -n | tail -n 1 | cut -d' ' -f2
 }

@@ -3,7 +3,7 @@
 # callgrind of N and 2N calls (1 rank, the `perf` profile that compare.sh measures), the
 # difference divided by the N extra calls of each half (in place and out of place), so start-up
 # and the first calls cancel out. bench/callcount.sh gives the total alone.
-# Rows: instructions per call, self (a function's own) then inclusive (with its callees);
+# Rows: instructions per call, self (a function's own) then inclusive (with its callees).
 # Usage: bench/callprofile.sh [BIN=target/perf/oxccl-perf] [N=4000] [TOP=40] [oxccl-perf args...]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
