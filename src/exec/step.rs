@@ -12,8 +12,9 @@ pub(super) fn oob() -> Error {
 
 /// Output bytes from which an operation whose schedule never reads its output (separate
 /// buffers) writes it with streaming stores: below this the output stays in cache until the
-/// caller reads it, which is worth more than the read for ownership saved (bench/RESULTS.md).
-pub const STREAM_MIN: usize = 32 << 20;
+/// caller reads it, which is worth more than the read for ownership saved. Measured on 2 ranks
+/// (bench/RESULTS.md "Streaming stores from 16 MiB"): 16 MiB gains, 8 MiB loses.
+pub const STREAM_MIN: usize = 16 << 20;
 
 /// Whether an operation on `mem` with schedule `sched` may write its output with streaming
 /// stores: separate buffers, an output of at least [`STREAM_MIN`] bytes, and a schedule that
