@@ -21,14 +21,17 @@ CONFIGS_ONLY="${CONFIGS:-}"
 mkdir -p "$OUT"; rm -f "$OUT"/*.txt
 # oxccl-perf runs a fixed number of iterations per size (as nccl-tests does), while the MPI and
 # Gloo anchors pick theirs for 0.25 s per size: small sizes get many iterations, large ones few,
-# so that latencies are not dominated by the first, cold iterations
+# so that latencies are not dominated by the first, cold iterations. Below 1 MiB oxccl-perf runs
+# 20,000 iterations: with 1,000 a 2-rank 8 B row lasted 0.3 ms, and one pause of the VM's
+# virtual CPUs (7-12 ms, seen around the placement switches) multiplied its mean by 25-40, where
+# the anchors' 0.25 s window shrinks it to a few percent (bench/ANALYSIS.md, 2026-12-07)
 SMALL="" LARGE=""
 for s in ${SIZES//,/ }; do
   case $s in *K) b=$(( ${s%K} << 10 ));; *M) b=$(( ${s%M} << 20 ));; *G) b=$(( ${s%G} << 30 ));; *) b=$s;; esac
   if [ "$b" -lt 1048576 ]; then SMALL="$SMALL${SMALL:+,}$s"; else LARGE="$LARGE${LARGE:+,}$s"; fi
 done
 oxperf() { # oxccl-perf args (without sizes and iterations)
-  if [ -n "$SMALL" ]; then "$PERF" "$@" -s "$SMALL" -n 1000 -w 50; fi
+  if [ -n "$SMALL" ]; then "$PERF" "$@" -s "$SMALL" -n 20000 -w 200; fi
   if [ -n "$LARGE" ]; then "$PERF" "$@" -s "$LARGE" -n 20 -w 3; fi
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
