@@ -22,9 +22,9 @@ mkdir -p "$OUT"; rm -f "$OUT"/*.txt
 # oxccl-perf runs a fixed number of iterations per size (as nccl-tests does), while the MPI and
 # Gloo anchors pick theirs for 0.25 s per size: small sizes get many iterations, large ones few,
 # so that latencies are not dominated by the first, cold iterations. Below 1 MiB oxccl-perf runs
-# 20,000 iterations: with 1,000 a 2-rank 8 B row lasted 0.3 ms, and one pause of the VM's
-# virtual CPUs (7-12 ms, seen around the placement switches) multiplied its mean by 25-40, where
-# the anchors' 0.25 s window shrinks it to a few percent (bench/ANALYSIS.md, 2026-12-07)
+# 20,000 iterations: with 1,000 a 2-rank 8 B row lasted 0.3 ms, and one stall of 7-12 ms (seen
+# next to the VM's placement switches) multiplied its mean by 27-42, where the anchors' 0.25 s
+# window shrinks such a stall to a few percent (bench/ANALYSIS.md, 2026-12-07)
 SMALL="" LARGE=""
 for s in ${SIZES//,/ }; do
   case $s in *K) b=$(( ${s%K} << 10 ));; *M) b=$(( ${s%M} << 20 ));; *G) b=$(( ${s%G} << 30 ));; *) b=$s;; esac
