@@ -66,6 +66,14 @@ mpi_netns() { # n: an MPMD command line with one rank per namespace host
   done
   echo "${parts[*]}"
 }
+floor_sizes() { # the exchanges bench/floor.py needs for the small sizes: S and S/2 bytes each way
+  local s b out=""
+  for s in ${SMALL//,/ }; do
+    case $s in *K) b=$(( ${s%K} << 10 ));; *) b=$s;; esac
+    for x in $b $(( b / 2 )); do [ "$x" -ge 8 ] && [ "$x" -le 65536 ] && out="$out $x"; done
+  done
+  echo "$out" | tr ' ' '\n' | sort -nu | tr '\n' ' '
+}
 hosts() { local n="$1" i s=""; for i in $(seq 1 "$n"); do s="$s${s:+,}cclt-h$i"; done; echo "$s"; }
 
 run() { # config name -> one run
@@ -85,6 +93,7 @@ run() { # config name -> one run
     gloo-rs-lo-*) "$PY" "$ROOT/bench/peers/gloo_colls_bench.py" -c reducescatter --nproc "$n" --sizes "$SIZES" ;;
     gloo-bc-lo-*) "$PY" "$ROOT/bench/peers/gloo_colls_bench.py" -c broadcast --nproc "$n" --sizes "$SIZES" ;;
     ideal-shm-2) "$OUT/ideal" 256 ;;
+    floor-shm-2) "$OUT/block_exchange" $(floor_sizes) ;;
     oxccl-tcp-*) OXCCL_SOCKET_IFNAME=cclt-br0 oxperf --np "$n" --netns "$(hosts "$n")" ;;
     oxccl-ofi-*) OXCCL_NET=ofi OXCCL_OFI_PROVIDER="tcp;ofi_rxm" OXCCL_SOCKET_IFNAME=cclt-br0 \
       oxperf --np "$n" --netns "$(hosts "$n")" ;;
@@ -112,7 +121,7 @@ CONFIGS=""
 [ -z "$CONFIGS_ONLY" ] || SETS=""
 for s in $SETS; do
   case "$s" in
-    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 gloo-ag-lo-2 oxccl-rs-shm-2 ompi-rs-shm-2 gloo-rs-lo-2 oxccl-bc-shm-2 ompi-bc-shm-2 gloo-bc-lo-2 oxccl-shm-4 ompi-shm-4 mpich-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8 mpich-shm-8 gloo-lo-8" ;;
+    shm) CONFIGS="$CONFIGS membw oxccl-shm-2 ompi-shm-2 ideal-shm-2 gloo-lo-2 mpich-shm-2 floor-shm-2 oxccl-ag-shm-2 ompi-ag-shm-2 gloo-ag-lo-2 oxccl-rs-shm-2 ompi-rs-shm-2 gloo-rs-lo-2 oxccl-bc-shm-2 ompi-bc-shm-2 gloo-bc-lo-2 oxccl-shm-4 ompi-shm-4 mpich-shm-4 gloo-lo-4 oxccl-shm-8 ompi-shm-8 mpich-shm-8 gloo-lo-8" ;;
     tcp) CONFIGS="$CONFIGS iperf-tcp-2 oxccl-tcp-2 ompi-tcp-2 gloo-tcp-2 oxccl-tcp-4 ompi-tcp-4 gloo-tcp-4"
          netns ;;
     ofi) CONFIGS="$CONFIGS oxccl-ofi-2 oxccl-tcp-2 ompi-ofi-2 ompi-tcp-2 oxccl-ofi-4 oxccl-tcp-4 ompi-ofi-4 ompi-tcp-4"
@@ -128,6 +137,7 @@ fi
 # switched between ~90 and ~380 ns as the hypervisor moved the cores, and the slots' copies
 # with it (bench/RESULTS.md "Single copy where the kernel's copy is slow")
 gcc -O2 "$ROOT/bench/probes/line_exchange.c" -o "$OUT/line_exchange"
+gcc -O2 "$ROOT/bench/probes/block_exchange.c" -o "$OUT/block_exchange"
 : > "$OUT/rounds.txt"
 for rep in $(seq 1 "$REPS"); do
   echo "round $rep: line exchange $("$OUT/line_exchange" 100000 | awk '{print $4}') ns" | tee -a "$OUT/rounds.txt"
@@ -143,6 +153,7 @@ done
   echo "- cache-line hand-off before each round (ns): $(awk '{printf "%s%s", sep, $5; sep=", "}' "$OUT/rounds.txt")"; } > "$OUT/machine.txt"
 if [ -n "$CONFIGS_ONLY" ]; then
   python3 "$ROOT/bench/report.py" --cells "$OUT"
+  case "$CONFIGS" in *floor-shm-2*) python3 "$ROOT/bench/floor.py" "$OUT" ;; esac
 else
   python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/bench"
 fi

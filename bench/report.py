@@ -210,6 +210,14 @@ def main():
                 cells += [fmt(mpi), ratio(ours, mpi), fmt(gloo), ratio(ours, gloo), ratio(ours, ar)]
             md.append(f"| {human(s)} | " + " | ".join(cells) + " |")
         md.append("")
+        if glob.glob(os.path.join(out, "floor-shm-2.run*.txt")):
+            import floor  # (bench/floor.py, beside this file)
+            md += ["### 8 B–64 KiB against the bare data movement, 2 ranks (µs; `bench/floor.py`)", "",
+                   "The floor is the best of `bench/probes/block_exchange.c`'s three ways to move the bytes each",
+                   "collective needs between the two processes, measured in the same rounds, with no reduction and no",
+                   "local copy counted (a lower bound). Times are per call, oxccl's the better of out of place and in",
+                   "place. `floor / ask` above 1: the goal (4–64 KiB ≥ 2× Open MPI, 8 B ≤ Open MPI) asks for less time",
+                   "than the bare movement takes on this machine.", "", floor.table(out), ""]
     for n in (4, 8):
         if data.get(f"oxccl-shm-{n}"):
             peers = [("Open MPI", f"ompi-shm-{n}"), ("MPICH", f"mpich-shm-{n}"), ("Gloo", f"gloo-lo-{n}")]
