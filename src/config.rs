@@ -52,6 +52,16 @@ pub struct Config {
     /// whose buffers are not aligned alike").
     /// `OXCCL_CMA_FORWARD_PROBE=0` skips the probe and keeps the rules of `cma_forward`.
     pub cma_forward_probe: bool,
+    /// While the two processes of a shared-memory connection run far apart, operations of at
+    /// least this many bytes (`OXCCL_CMA_FAR_MIN_BYTES`, default 64 KiB) send every value that
+    /// stays unchanged until they end by reference, to receivers that combine it too: a byte
+    /// through the slots then crosses between the cores twice, through the kernel once
+    /// (bench/RESULTS.md "Far apart, one crossing").
+    pub cma_far_min_bytes: usize,
+    /// `OXCCL_SHM_PLACEMENT`: `measure` (the default: the receiver measures whether the two
+    /// processes run far apart, which counts where the kernel's copy is slow), `near` or `far`
+    /// (taken as given). Checked when a communicator is created ([`parse_placement`]).
+    pub shm_placement: Option<String>,
     /// Interface selection (`OXCCL_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
     /// TCP sockets per directed peer pair, frames striped over them (`OXCCL_NSOCKS`, else
@@ -192,6 +202,8 @@ impl Default for Config {
             cma_min_bytes: shm.cma_min_op,
             cma_forward: shm.cma_forward_min..shm.cma_forward_max,
             cma_forward_probe: true,
+            cma_far_min_bytes: shm.cma_far_min_op,
+            shm_placement: None,
             socket_ifname: None,
             nsocks: tcp.lanes,
             socket_buffer: None,
@@ -245,6 +257,8 @@ impl Config {
             cma_forward: env_num(&["OXCCL_CMA_FORWARD_MIN_BYTES"]).map_or(d.cma_forward.start, |v| v as usize)
                 ..env_num(&["OXCCL_CMA_FORWARD_MAX_BYTES"]).map_or(d.cma_forward.end, |v| v as usize),
             cma_forward_probe: env_any(&["OXCCL_CMA_FORWARD_PROBE"]).is_none_or(|v| v != "0"),
+            cma_far_min_bytes: env_num(&["OXCCL_CMA_FAR_MIN_BYTES"]).map_or(d.cma_far_min_bytes, |v| v as usize),
+            shm_placement: env_any(&["OXCCL_SHM_PLACEMENT"]),
             socket_ifname: env_any(&["OXCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"]),
             nsocks: env_num(&["OXCCL_NSOCKS"])
                 .or_else(|| {
@@ -375,6 +389,19 @@ pub fn check_proto(spec: &str) -> crate::Result<()> {
     Ok(())
 }
 
+/// An `OXCCL_SHM_PLACEMENT` value (`measure`, `near`, `far`; any case).
+pub fn parse_placement(spec: &str) -> crate::Result<oxccl_transport_shm::Placement> {
+    use oxccl_transport_shm::Placement;
+    match spec.trim().to_ascii_lowercase().as_str() {
+        "measure" | "measured" => Ok(Placement::Measured),
+        "near" => Ok(Placement::Near),
+        "far" => Ok(Placement::Far),
+        _ => {
+            Err(crate::Error::invalid_argument(format!("OXCCL_SHM_PLACEMENT={spec:?}: expected measure, near or far")))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,5 +439,17 @@ mod tests {
         assert_eq!((c.chunk_bytes, c.slots, c.nsocks), (tcp.slot_bytes, tcp.slots, tcp.lanes));
         assert_eq!((c.chunk_bytes, c.slots), (256 << 10, 4));
         assert_eq!(c.cma_forward, (32 << 10)..(32 << 20));
+        assert_eq!(c.cma_far_min_bytes, 64 << 10);
+    }
+
+    #[test]
+    fn placement_values() {
+        use oxccl_transport_shm::Placement;
+        assert_eq!(parse_placement("far").unwrap(), Placement::Far);
+        assert_eq!(parse_placement(" Near ").unwrap(), Placement::Near);
+        assert_eq!(parse_placement("measure").unwrap(), Placement::Measured);
+        let e = parse_placement("faraway").unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::InvalidArgument);
+        assert!(e.message.contains("expected measure, near or far"), "{e}");
     }
 }

@@ -142,3 +142,58 @@ fn the_probe_decides_whether_small_operations_forward_by_reference() {
         }
     }
 }
+
+/// Cores far apart (`OXCCL_SHM_PLACEMENT=far`, as the receiver would measure them): from
+/// `cma_far_min_bytes` on, every value that stays unchanged goes by reference, to receivers that
+/// combine it too (they copy it into their slot through the kernel; one message in 16 still
+/// goes through the slots): exact for every collective, type and op tried, out of place and in
+/// place. Taken as close, an all-reduce or a reduce-scatter sends nothing by reference. A value
+/// other than measure, near or far fails the communicator's creation, naming the variable.
+#[test]
+fn far_apart_unchanged_values_go_by_reference_to_combining_receivers_too() {
+    use oxccl::exec::single_copy_counts;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cf = cfg();
+    cf.chunk_bytes = 16 << 10;
+    cf.cma_min_bytes = usize::MAX;
+    cf.cma_far_min_bytes = 64 << 10;
+    for n in [2, 3] {
+        let far =
+            Communicator::init_all_with_config(n, Config { shm_placement: Some("far".into()), ..cf.clone() }).unwrap();
+        let before = single_copy_counts();
+        on_all(&far, |c| {
+            for coll in [Coll::AllReduce, Coll::ReduceScatter] {
+                check(c, coll, DataType::F32, ReduceOp::Sum, 50_001, 0, false);
+            }
+        });
+        let after = single_copy_counts();
+        let (sent, direct) = (after.0 - before.0, after.1 - before.1);
+        assert!(sent > direct, "{n} ranks: combining receivers got messages by reference: {before:?} -> {after:?}");
+        on_all(&far, |c| {
+            for coll in Coll::COLLECTIVES {
+                check(c, coll, DataType::F32, ReduceOp::Sum, 50_001, n - 1, false);
+                if coll != Coll::AllToAll {
+                    check(c, coll, DataType::F32, ReduceOp::Sum, 20_003, 1, true);
+                }
+                check(c, coll, DataType::F32, ReduceOp::Sum, 3_001, 0, false);
+            }
+            check(c, Coll::AllReduce, DataType::BF16, ReduceOp::Avg, 77_777, 0, false);
+            check(c, Coll::AllReduce, DataType::F16, oxccl::exact::premul_two(DataType::F16), 40_000, 0, false);
+            check(c, Coll::ReduceScatter, DataType::I32, ReduceOp::Max, 60_000, 0, false);
+            check(c, Coll::Reduce, DataType::F64, ReduceOp::Prod, 30_000, n - 1, false);
+        });
+        let near =
+            Communicator::init_all_with_config(n, Config { shm_placement: Some("Near".into()), ..cf.clone() }).unwrap();
+        let before = single_copy_counts();
+        on_all(&near, |c| {
+            for coll in [Coll::AllReduce, Coll::ReduceScatter] {
+                check(c, coll, DataType::F32, ReduceOp::Sum, 50_001, 0, false);
+            }
+        });
+        assert_eq!(single_copy_counts(), before, "{n} ranks taken as close");
+    }
+    let err =
+        Communicator::init_all_with_config(2, Config { shm_placement: Some("sideways".into()), ..cf }).unwrap_err();
+    assert_eq!(err.kind, oxccl::ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("OXCCL_SHM_PLACEMENT=\"sideways\""), "{err}");
+}

@@ -157,6 +157,9 @@ impl Communicator {
         if let Some(p) = &cfg.proto {
             crate::config::check_proto(p).map_err(|e| e.with_rank(rank))?;
         }
+        if let Some(p) = &cfg.shm_placement {
+            crate::config::parse_placement(p).map_err(|e| e.with_rank(rank))?;
+        }
         let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
         // ranks on this machine's cores, whatever their network namespace (host id)
         let on_cores = peers.iter().filter(|p| p.machine == peers[rank].machine).count();

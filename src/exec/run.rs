@@ -174,7 +174,8 @@ impl<'a> OpRun<'a> {
             let premul_input = |v: Slice| matches!(self.fp.op, ReduceOp::PreMulSum(_)) && v.buf == Buf::Input;
             let op_bytes = self.fp.count * es;
             // in small operations, only a step that passes its input on sends by reference,
-            // published before its own copy; in large ones, every stable value, after it
+            // published before its own copy; in large ones (or while the connection's copies
+            // are slow), every stable value, after it
             let role = |any: bool| Role {
                 only_input: self.sched.sends_only_input(),
                 split,
@@ -182,16 +183,20 @@ impl<'a> OpRun<'a> {
                 messages: op_bytes.div_ceil(c.max_message().max(1)),
                 any,
             };
-            let forwarded = (len >= BORROW_MIN)
-                .then(|| c.borrow_forward())
+            let fwd = (len >= BORROW_MIN).then(|| c.borrow_forward());
+            // (the connection's copies slow just now: every stable value, whatever the receiver)
+            let all_stable = fwd.as_ref().is_some_and(|f| op_bytes >= f.stable_min_op);
+            let forwarded = fwd
                 .is_some_and(|f| forwards(f.ops, op_bytes, role(f.any_role)))
                 .then(|| self.forwarded_input(pc, step))
                 .flatten();
-            let stable = || (split && op_bytes >= c.borrow_min_op()).then(|| self.sched.stable_send(pc)).flatten();
+            let stable = || {
+                (split && (all_stable || op_bytes >= c.borrow_min_op())).then(|| self.sched.stable_send(pc)).flatten()
+            };
             let candidate = (len >= BORROW_MIN)
                 .then(|| forwarded.or_else(stable))
                 .flatten()
-                .filter(|_| c.borrow_for_combining() || self.sched.peer_copies(pc))
+                .filter(|_| all_stable || c.borrow_for_combining() || self.sched.peer_copies(pc))
                 .filter(|v| !(premul_input(*v) && step.dst.is_none()));
             if let Some(v) = candidate {
                 match c.borrow_ready(len).map_err(|e| e.with_peer(q))? {

@@ -48,6 +48,13 @@ pub(crate) fn transports(ctx: TransportCtx, cfg: &Config, several_hosts: bool) -
             cma_forward_min: cfg.cma_forward.start,
             cma_forward_max: cfg.cma_forward.end,
             cma_forward_far_only: forward_far_only(cfg, ctx.rank),
+            cma_far_min_op: cfg.cma_far_min_bytes,
+            placement: cfg
+                .shm_placement
+                .as_deref()
+                .map(crate::config::parse_placement)
+                .transpose()?
+                .unwrap_or_default(),
         };
         list.push(Box::new(ShmTransport::new(ctx.clone(), shm)?));
     }

@@ -177,7 +177,7 @@ pub struct TransportCtx {
 }
 
 /// A connection's answer to [`SendConn::borrow_forward`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Forwarding {
     /// Operations (count × type size) in this range forward by reference. That pays while the
     /// operation fits in the caches; from [`SendConn::borrow_min_op`] on, the sender's copy runs
@@ -187,6 +187,20 @@ pub struct Forwarding {
     /// is set: the connection's own copies are slow just now (shared memory between cores far
     /// apart), and sending by reference pays whatever the role.
     pub any_role: bool,
+    /// Operations of at least this many bytes also send by reference, for this message, every
+    /// value that stays unchanged until the operation ends, whatever the receiver does with it
+    /// (combining included): beyond what [`SendConn::borrow_min_op`] and
+    /// [`SendConn::borrow_for_combining`] allow at other times. Set while the connection's own
+    /// copies are slow (shared memory between cores far apart: one crossing through the kernel
+    /// beats two through the slots); `usize::MAX`: nothing more.
+    pub stable_min_op: usize,
+}
+
+impl Default for Forwarding {
+    /// Nothing forwards, nothing more goes by reference.
+    fn default() -> Self {
+        Forwarding { ops: 0..0, any_role: false, stable_min_op: usize::MAX }
+    }
 }
 
 /// The sending half of a connection: a FIFO of messages with in-place slots.
@@ -232,7 +246,8 @@ pub trait SendConn: Send {
     }
     /// Single copy (optional): which operations also send by reference the messages that only
     /// pass the sender's unchanged input on, committed before the sender's own copy so that the
-    /// receiver's read overlaps it ([`Forwarding`]). Asked once per such message.
+    /// receiver's read overlaps it, and what more goes by reference just now ([`Forwarding`]).
+    /// Asked once per message that may go by reference, before the others of its step.
     fn borrow_forward(&self) -> Forwarding {
         Forwarding::default()
     }

@@ -55,6 +55,29 @@ pub struct ShmConfig {
     /// copy is slow ([`copy_probe`]), two copies through the slots win between close cores,
     /// and lose between cores far apart.
     pub cma_forward_far_only: bool,
+    /// While the two processes run far apart, operations of at least this many bytes (default
+    /// 64 KiB) send every value that stays unchanged by reference, to a receiver that combines
+    /// it too ([`Forwarding::stable_min_op`]): every byte through a slot crosses between the
+    /// cores twice (the sender's write takes the line, the receiver's read takes it back), a
+    /// byte read through the kernel once.
+    pub cma_far_min_op: usize,
+    /// Whether the two processes run far apart: measured by the receiver (the default), or
+    /// taken as given.
+    pub placement: Placement,
+}
+
+/// How a connection knows whether its two processes run on cores far apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// The receiver measures it all along (`placement.rs`); its verdict counts only where the
+    /// kernel's copy is slow ([`ShmConfig::cma_forward_far_only`]).
+    #[default]
+    Measured,
+    /// Taken as close: nothing goes by reference for being far apart.
+    Near,
+    /// Taken as far apart, whatever the kernel's copy costs (as when measured far, one message
+    /// in 16 that could go by reference still goes through the slots).
+    Far,
 }
 
 impl Default for ShmConfig {
@@ -67,6 +90,8 @@ impl Default for ShmConfig {
             cma_forward_min: 32 << 10,
             cma_forward_max: 32 << 20,
             cma_forward_far_only: false,
+            cma_far_min_op: 64 << 10,
+            placement: Placement::Measured,
         }
     }
 }
@@ -242,10 +267,18 @@ fn header_line(slot: usize) -> usize {
 }
 
 impl ShmSend {
-    /// Whether the receiver measures us far apart, but for one ask in
-    /// [`placement::PROBE_EVERY`], which keeps its measurement going.
+    /// Whether the two processes run far apart, as far as sending by reference goes: as the
+    /// receiver measures it (where the kernel's copy is slow) or as configured, but for one ask
+    /// in [`placement::PROBE_EVERY`], which keeps the measurement going.
     fn far_now(&self) -> bool {
-        placement::forward_now(self.seg.u32_at(OFF_PLACEMENT).load(Ordering::Relaxed), &self.far_asked)
+        let verdict = match self.cfg.placement {
+            Placement::Measured if self.cfg.cma_forward_far_only => {
+                self.seg.u32_at(OFF_PLACEMENT).load(Ordering::Relaxed)
+            }
+            Placement::Measured | Placement::Near => return false,
+            Placement::Far => placement::FAR,
+        };
+        placement::forward_now(verdict, &self.far_asked)
     }
 
     fn has_room(&mut self) -> bool {
@@ -356,12 +389,16 @@ impl SendConn for ShmSend {
 
     fn borrow_forward(&self) -> Forwarding {
         let ops = self.cfg.cma_forward_min..self.cfg.cma_forward_max;
-        match (self.cfg.cma, self.cfg.cma_forward_far_only) {
-            (false, _) => Forwarding::default(),
-            (true, false) => Forwarding { ops, any_role: false },
+        if !self.cfg.cma {
+            return Forwarding::default();
+        }
+        if self.far_now() {
             // far apart, every byte through the slots crosses between the cores slowly
-            (true, true) if self.far_now() => Forwarding { ops, any_role: true },
-            (true, true) => Forwarding::default(),
+            return Forwarding { ops, any_role: true, stable_min_op: self.cfg.cma_far_min_op };
+        }
+        match self.cfg.cma_forward_far_only {
+            true => Forwarding::default(),
+            false => Forwarding { ops, ..Forwarding::default() },
         }
     }
 
@@ -447,7 +484,7 @@ impl ShmRecv {
             let far = verdict == placement::FAR;
             tracing::info!(
                 target: "SHM",
-                "SHM from rank {}: a line of its takes {ns:.0} ns to load ({}): inputs go {}",
+                "SHM from rank {}: a line of its takes {ns:.0} ns to load ({}): unchanged values come {}",
                 self.peer,
                 if far { "cores far apart" } else { "cores close" },
                 if far && self.cfg.cma_forward_far_only { "by reference" } else { "through the slots" }
