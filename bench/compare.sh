@@ -25,10 +25,10 @@ mkdir -p "$OUT"; rm -f "$OUT"/*.txt
 # 20,000 iterations: with 1,000 a 2-rank 8 B row lasted 0.3 ms, and one stall of 7-12 ms (seen
 # next to the VM's placement switches) multiplied its mean by 27-42, where the anchors' 0.25 s
 # window shrinks such a stall to a few percent (bench/ANALYSIS.md, 2026-12-07)
-SMALL="" LARGE=""
+SMALL="" LARGE="" SMALL_BYTES=""
 for s in ${SIZES//,/ }; do
   case $s in *K) b=$(( ${s%K} << 10 ));; *M) b=$(( ${s%M} << 20 ));; *G) b=$(( ${s%G} << 30 ));; *) b=$s;; esac
-  if [ "$b" -lt 1048576 ]; then SMALL="$SMALL${SMALL:+,}$s"; else LARGE="$LARGE${LARGE:+,}$s"; fi
+  if [ "$b" -lt 1048576 ]; then SMALL="$SMALL${SMALL:+,}$s" SMALL_BYTES="$SMALL_BYTES $b"; else LARGE="$LARGE${LARGE:+,}$s"; fi
 done
 oxperf() { # oxccl-perf args (without sizes and iterations)
   if [ -n "$SMALL" ]; then "$PERF" "$@" -s "$SMALL" -n 20000 -w 200; fi
@@ -67,9 +67,8 @@ mpi_netns() { # n: an MPMD command line with one rank per namespace host
   echo "${parts[*]}"
 }
 floor_sizes() { # the exchanges bench/floor.py needs for the small sizes: S and S/2 bytes each way
-  local s b out=""
-  for s in ${SMALL//,/ }; do
-    case $s in *K) b=$(( ${s%K} << 10 ));; *) b=$s;; esac
+  local b x out=""
+  for b in $SMALL_BYTES; do
     for x in $b $(( b / 2 )); do [ "$x" -ge 8 ] && [ "$x" -le 65536 ] && out="$out $x"; done
   done
   echo "$out" | tr ' ' '\n' | sort -nu | tr '\n' ' '

@@ -21,6 +21,8 @@ import statistics
 import sys
 from collections import defaultdict
 
+from report import human, nccl_row  # (bench/report.py, beside this file)
+
 CELLS = [  # (collective, oxccl config, Open MPI config)
     ("all-reduce", "oxccl-shm-2", "ompi-shm-2"),
     ("all-gather", "oxccl-ag-shm-2", "ompi-ag-shm-2"),
@@ -52,13 +54,10 @@ def times(path):
     columns where there are both)."""
     t = {}
     for line in open(path, errors="replace"):
-        p = line.split()
-        if len(p) >= 8 and p[0].isdigit() and p[2] in ("float", "float32"):
-            try:
-                cols = [float(p[5])] + ([float(p[9])] if len(p) >= 12 else [])
-            except ValueError:
-                continue
-            t[int(p[0])] = min(cols)
+        row = nccl_row(line.split())
+        if row is not None:
+            size, out_of_place, in_place = row
+            t[size] = min(out_of_place[0], in_place[0]) if in_place else out_of_place[0]
     return t
 
 
@@ -98,10 +97,6 @@ def rows(out):
             ways = [x[3] for x in v]
             result.append((coll, size, f, max(set(ways), key=ways.count), o, m, len(v), above))
     return result
-
-
-def human(n):
-    return f"{n >> 10} KiB" if n >= 1024 and n % 1024 == 0 else f"{n} B"
 
 
 def table(out):

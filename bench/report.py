@@ -25,6 +25,18 @@ def human(n):
     return f"{n} B"
 
 
+def nccl_row(p):
+    """A data line of the nccl-tests columns, split: (size, (time_us, busbw) out of place,
+    (time_us, busbw) in place or None), or None if it is not one."""
+    if not (len(p) >= 8 and p[0].isdigit() and p[2] in ("float", "float32")):
+        return None
+    try:
+        in_place = (float(p[9]), float(p[11])) if len(p) >= 12 else None
+        return int(p[0]), (float(p[5]), float(p[7])), in_place
+    except ValueError:
+        return None
+
+
 def parse(out):
     data = defaultdict(lambda: defaultdict(list))  # cfg -> size -> [(time_us, busbw)]
     extra = defaultdict(list)  # cfg -> [floats] (iperf Gbit/s, membw memcpy GB/s)
@@ -35,13 +47,11 @@ def parse(out):
             m = re.match(r"\s*(\d+) B\s+median\s+([\d.]+) us\s+busbw\s+([\d.]+) GB/s", line)
             if m:
                 data[cfg][int(m.group(1))].append((float(m.group(2)), float(m.group(3))))
-            elif len(p) >= 8 and p[0].isdigit() and p[2] in ("float", "float32"):
-                try:
-                    data[cfg][int(p[0])].append((float(p[5]), float(p[7])))
-                    if cfg.startswith("oxccl") and len(p) >= 12:  # oxccl-perf's in-place columns
-                        data[cfg + "-inplace"][int(p[0])].append((float(p[9]), float(p[11])))
-                except ValueError:
-                    pass
+            elif (row := nccl_row(p)) is not None:
+                size, out_of_place, in_place = row
+                data[cfg][size].append(out_of_place)
+                if cfg.startswith("oxccl") and in_place:  # oxccl-perf's in-place columns
+                    data[cfg + "-inplace"][size].append(in_place)
             elif "receiver" in line:
                 m = re.search(r"([\d.]+) (G|M)bits/sec", line)
                 if m:
