@@ -46,10 +46,12 @@ pub struct Config {
     pub cma_forward: std::ops::Range<usize>,
     /// Measure once per process how fast the kernel's copy runs against memcpy; where it is
     /// below `oxccl_transport_shm::FORWARD_MIN_RATIO` of it, inputs are forwarded by reference
-    /// only while the two processes run on cores far apart (measured all along by the
-    /// receiver, which times a load of each large message): between close cores two copies
-    /// through the slots take less time than one through the kernel (bench/RESULTS.md "Copies
-    /// whose buffers are not aligned alike").
+    /// while the two processes run on cores far apart (measured all along by the receiver,
+    /// which times a load of each large message), and between close cores only in operations
+    /// of one message (`oxccl_transport_shm::NEAR_FORWARD_MAX_OP`): from two messages on the
+    /// slots pipeline their two copies, which then take less time than one through the kernel
+    /// (bench/RESULTS.md "Copies whose buffers are not aligned alike", "One message by reference
+    /// between close cores").
     /// `OXCCL_CMA_FORWARD_PROBE=0` skips the probe and keeps the rules of `cma_forward`.
     pub cma_forward_probe: bool,
     /// While the two processes of a shared-memory connection run far apart, operations of at

@@ -114,10 +114,11 @@ fn forwarded_inputs_go_by_reference_in_small_operations() {
 }
 
 /// With the probe of the kernel's copy on (the default), its verdict decides: where that copy
-/// pays, a broadcast of one message from its root and each rank's block of a 2-rank all-gather
-/// go by reference; where it does not, nothing does between cores that are close or not
-/// measured (two copies through the slots are faster). Messages here are too small to be timed
-/// (`placement.rs` in the shm transport), so the placement stays unmeasured.
+/// pays, a broadcast of a few messages from its root and each rank's block of a 2-rank
+/// all-gather go by reference; where it does not, between cores that are close or not measured,
+/// only operations of one message do (`NEAR_FORWARD_MAX_OP`: the slots cannot overlap its two
+/// copies; from two messages on they do, and are faster). Messages here are too small to be
+/// timed (`placement.rs` in the shm transport), so the placement stays unmeasured.
 #[test]
 fn the_probe_decides_whether_small_operations_forward_by_reference() {
     use oxccl::exec::single_copy_counts;
@@ -131,14 +132,24 @@ fn the_probe_decides_whether_small_operations_forward_by_reference() {
     let two = Communicator::init_all_with_config(2, cf).unwrap();
     // (the all-gather first: a first operation runs while its connections are being accepted,
     // before the receiver has said that it can read by reference)
-    for (coll, count) in [(Coll::AllGather, 20_003), (Coll::Broadcast, 3_000)] {
+    // (count, in 4-byte elements, against 8 KiB slots; whether it goes by reference where the
+    // kernel's copy pays, and where it does not)
+    let cases = [
+        (Coll::AllGather, 20_003, true, false),
+        (Coll::Broadcast, 3_000, true, false),
+        (Coll::AllGather, 1_500, true, true),
+        (Coll::Broadcast, 2_000, true, true),
+        (Coll::Broadcast, 900, false, false), // (below the range: 3,600 bytes)
+    ];
+    for (coll, count, if_pays, if_not) in cases {
         let before = single_copy_counts();
         on_all(&two, |c| check(c, coll, DataType::F32, ReduceOp::Sum, count, 0, false));
         let after = single_copy_counts();
         let (sent, direct) = (after.0 - before.0, after.1 - before.1);
         let seen =
             format!("{coll:?} count {count}, probe {:?}: {before:?} -> {after:?}", oxccl_transport_shm::copy_probe());
-        if pays {
+        let used = if pays { if_pays } else { if_not };
+        if used {
             assert!(sent > 0 && sent == direct, "{seen}");
         } else {
             assert!(sent == 0 && direct == 0, "{seen}");

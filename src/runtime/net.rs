@@ -15,8 +15,10 @@ use oxccl_transport_tcp::{TcpConfig, TcpTransport};
 /// (`oxccl_transport_shm::ShmConfig::cma_forward_far_only`): where the kernel's copy runs at
 /// under [`oxccl_transport_shm::FORWARD_MIN_RATIO`] of memcpy's speed
 /// ([`oxccl_transport_shm::copy_probe`]). Between close cores two copies through the slots then
-/// beat one through the kernel, even in an operation of one message (bench/RESULTS.md "Copies
-/// whose buffers are not aligned alike").
+/// beat one through the kernel once they pipeline, from two messages on: inputs of operations of
+/// one message still go by reference ([`oxccl_transport_shm::NEAR_FORWARD_MAX_OP`];
+/// bench/RESULTS.md "Copies whose buffers are not aligned alike", "One message by reference
+/// between close cores").
 fn forward_far_only(cfg: &Config, rank: usize) -> bool {
     if !cfg.cma || !cfg.cma_forward_probe || cfg.cma_forward.is_empty() {
         return false;
@@ -31,7 +33,7 @@ fn forward_far_only(cfg: &Config, rank: usize) -> bool {
         p.ratio(),
         if p.forward_pays() { "at least" } else { "below" },
         oxccl_transport_shm::FORWARD_MIN_RATIO,
-        if p.forward_pays() { "as configured" } else { "only between cores far apart" }
+        if p.forward_pays() { "as configured" } else { "between cores far apart, and in one message between close ones" }
     );
     !p.forward_pays()
 }

@@ -2,7 +2,8 @@
 //! load a cache line that the sender's core has just written.
 //!
 //! Where the kernel's copy between processes is slow (`probe.rs`), two copies through the slots
-//! beat one through the kernel while the two cores are close (a line between them in about
+//! that pipeline (operations of more than one message) beat one through the kernel while the
+//! two cores are close (a line between them in about
 //! 60 ns on the AMD EPYC VM of bench/RESULTS.md), and lose when the hypervisor has placed them
 //! far apart (220–250 ns a line): every byte of a slot then crosses at that cost, while the
 //! kernel's read of an input that has not changed since the last call finds it in the reader's

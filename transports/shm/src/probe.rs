@@ -5,9 +5,10 @@
 //! receiver read through the kernel, which pins the sender's pages for every read. Where that
 //! read runs at a good fraction of memcpy's speed the saved copy wins; where it runs at a
 //! quarter or a third (an AMD EPYC VM: 8–13 GB/s against 25–45) two copies through the slots
-//! are faster between close cores, even in an operation of one message, and slower between
-//! cores far apart (`placement.rs` tells which; bench/RESULTS.md "Copies whose buffers are not
-//! aligned alike"). The caller decides with [`CopyProbe::forward_pays`].
+//! are faster between close cores once they pipeline (from two messages on; one message still
+//! goes by reference, `NEAR_FORWARD_MAX_OP`), and slower between cores far apart
+//! (`placement.rs` tells which; bench/RESULTS.md "Copies whose buffers are not aligned alike").
+//! The caller decides with [`CopyProbe::forward_pays`].
 
 use crate::segment::read_remote;
 use std::sync::OnceLock;

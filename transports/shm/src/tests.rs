@@ -77,24 +77,33 @@ const CMA_CFG: ShmConfig = ShmConfig {
 /// inputs forward whatever the role and every unchanged value goes by reference from
 /// `cma_far_min_op` on, but for one message in 16, which gets the answer of close cores (the
 /// same as measured far where the kernel's copy is slow); taken as close, or measured close,
-/// nothing more than the configured rules. A ring just made has no verdict yet: close.
+/// the configured rules, or where the kernel's copy is slow inputs of operations of one message
+/// only ([`NEAR_FORWARD_MAX_OP`]). A ring just made has no verdict yet: close.
 #[test]
 fn the_placement_decides_what_else_goes_by_reference() {
-    let cfg = ShmConfig { cma_forward_min: 32 << 10, cma_forward_max: 32 << 20, ..CMA_CFG };
+    let cfg = ShmConfig { slot_bytes: 256 << 10, cma_forward_min: 32 << 10, cma_forward_max: 32 << 20, ..CMA_CFG };
     let far = Forwarding { ops: (32 << 10)..(32 << 20), any_role: true, stable_min_op: 64 << 10 };
     let configured = Forwarding { ops: (32 << 10)..(32 << 20), ..Forwarding::default() };
     assert_eq!(configured.stable_min_op, usize::MAX);
+    let one_message =
+        Forwarding { ops: (32 << 10)..(NEAR_FORWARD_MAX_OP + 1), any_role: true, ..Forwarding::default() };
     // (the kernel's copy slow, or fast: what close cores get)
-    for (slow, close) in [(true, Forwarding::default()), (false, configured.clone())] {
+    for (slow, close) in [(true, one_message.clone()), (false, configured.clone())] {
         let (s, _r) = pair(ShmConfig { placement: Placement::Far, cma_forward_far_only: slow, ..cfg });
         let answers: Vec<Forwarding> = (0..32).map(|_| s.borrow_forward()).collect();
         assert_eq!(answers.iter().filter(|a| **a == close).count(), 2, "one in 16 as if close: {answers:?}");
         assert_eq!(answers.iter().filter(|a| **a == far).count(), 30, "{answers:?}");
     }
-    // the kernel's copy slow: nothing forwards between close cores or before a verdict
+    // the kernel's copy slow: between close cores, or before a verdict, inputs of operations of
+    // one message only, and never beyond the configured range
     for placement in [Placement::Near, Placement::Measured] {
         let (s, _r) = pair(ShmConfig { placement, cma_forward_far_only: true, ..cfg });
-        assert!((0..32).all(|_| s.borrow_forward() == Forwarding::default()), "{placement:?}");
+        assert!((0..32).all(|_| s.borrow_forward() == one_message), "{placement:?}");
+        let narrow = ShmConfig { placement, cma_forward_far_only: true, cma_forward_max: 64 << 10, ..cfg };
+        let (s, _r) = pair(narrow);
+        assert_eq!(s.borrow_forward().ops, (32 << 10)..(64 << 10), "{placement:?}");
+        let (s, _r) = pair(ShmConfig { placement, cma_forward_far_only: true, slot_bytes: 64 << 10, ..cfg });
+        assert_eq!(s.borrow_forward().ops, (32 << 10)..((64 << 10) + 1), "{placement:?}: one slot's worth");
     }
     // the kernel's copy fast: inputs forward as configured, and nothing else
     for placement in [Placement::Near, Placement::Measured] {
