@@ -69,10 +69,11 @@ pub struct ShmConfig {
 
 /// Where the kernel's copy is slow ([`ShmConfig::cma_forward_far_only`]) and the two cores are
 /// close, inputs are still forwarded by reference, whatever the rank's role, in operations of
-/// `cma_forward_min` up to this many bytes (or a slot's): one message, whose two copies through the slots do
-/// not overlap. On the AMD EPYC VM of bench/RESULTS.md ("One message by reference between close
-/// cores") a 64 KiB broadcast took 6.6 µs so against 8.8 through the slots, Open MPI's (which
-/// reads it through the kernel too) 6.3–7.2; from two messages on the slots pipeline the copies.
+/// `cma_forward_min` up to this many bytes (at most a slot's): one message, whose two copies
+/// through the slots cannot overlap. On the AMD EPYC VM of bench/RESULTS.md ("One message by
+/// reference between close cores") a 64 KiB broadcast took 6.5–7.1 µs that way against 8.4–9.0
+/// through the slots, and Open MPI (which reads it through the kernel too) 6.3–7.2; from two
+/// messages on the slots pipeline the copies.
 pub const NEAR_FORWARD_MAX_OP: usize = 128 << 10;
 
 /// How a connection knows whether its two processes run on cores far apart.

@@ -3,9 +3,9 @@
 //!
 //! Where the kernel's copy between processes is slow (`probe.rs`), two copies through the slots
 //! that pipeline (operations of more than one message) beat one through the kernel while the
-//! two cores are close (a line between them in about
-//! 60 ns on the AMD EPYC VM of bench/RESULTS.md), and lose when the hypervisor has placed them
-//! far apart (220–250 ns a line): every byte of a slot then crosses at that cost, while the
+//! two cores are close (a line between them in about 60 ns on the AMD EPYC VM of
+//! bench/RESULTS.md), and lose when the hypervisor has placed them far apart (220–250 ns a
+//! line): every byte of a slot then crosses at that cost, while the
 //! kernel's read of an input that has not changed since the last call finds it in the reader's
 //! cache. That placement changes every few minutes on such a machine, so the receiver keeps
 //! measuring it: before copying a message of at least [`TIMED_MIN`] bytes out of its slot, it
