@@ -409,8 +409,8 @@ impl SendConn for ShmSend {
         match self.cfg.cma_forward_far_only {
             // close, with the kernel's copy slow: operations of one message only
             true => {
-                let end = (NEAR_FORWARD_MAX_OP.min(self.cfg.slot_bytes) + 1).min(self.cfg.cma_forward_max);
-                Forwarding { ops: self.cfg.cma_forward_min..end, any_role: true, ..Forwarding::default() }
+                let ops = ops.start..ops.end.min(NEAR_FORWARD_MAX_OP.min(self.cfg.slot_bytes) + 1);
+                Forwarding { ops, any_role: true, ..Forwarding::default() }
             }
             false => Forwarding { ops, ..Forwarding::default() },
         }

@@ -5,15 +5,15 @@
 //! that pipeline (operations of more than one message) beat one through the kernel while the
 //! two cores are close (a line between them in about 60 ns on the AMD EPYC VM of
 //! bench/RESULTS.md), and lose when the hypervisor has placed them far apart (220–250 ns a
-//! line): every byte of a slot then crosses at that cost, while the
-//! kernel's read of an input that has not changed since the last call finds it in the reader's
-//! cache. That placement changes every few minutes on such a machine, so the receiver keeps
-//! measuring it: before copying a message of at least [`TIMED_MIN`] bytes out of its slot, it
-//! times one load of a line in the middle of it, on its own core's counter
-//! (`oxccl_simd::clock::time`). The smallest of [`WINDOW`] such loads is the line's way between
-//! the cores. The verdict goes into the segment, where the sender reads it before sending by
-//! reference (`ShmConfig::cma_forward_far_only`); while far, the sender still sends one such
-//! message in [`PROBE_EVERY`] through the slots, so that the measurement goes on.
+//! line): every byte of a slot then crosses at that cost, while the kernel's read of an input
+//! that has not changed since the last call finds it in the reader's cache. That placement
+//! changes every few minutes on such a machine, so the receiver keeps measuring it: before
+//! copying a message of at least [`TIMED_MIN`] bytes out of its slot, it times one load of a
+//! line in the middle of it, on its own core's counter (`oxccl_simd::clock::time`). The
+//! smallest of [`WINDOW`] such loads is the line's way between the cores. The verdict goes into
+//! the segment, where the sender reads it before sending by reference
+//! (`ShmConfig::cma_forward_far_only`); while far, the sender still sends one such message in
+//! [`PROBE_EVERY`] through the slots, so that the measurement goes on.
 
 /// Messages of at least this many bytes are timed.
 pub const TIMED_MIN: usize = 16 << 10;
