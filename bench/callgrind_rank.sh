@@ -16,12 +16,12 @@ callgrind_prelude() {
 # callgrind and prints the path of the rank's profile. The launcher can return before its
 # rank's profile is written, so it waits (up to 10 s) until both profiles are complete (callgrind
 # ends a file with its `totals:` line); and it picks the rank's by its instruction total, not by
-# file size (the launcher's file is about as large).
+# file size (the launcher's file is about as large). CALLGRIND_OPTS adds options to valgrind's.
 rank_profile() {
   local dir="$1" bin="$2" calls="$3" i f
   shift 3
   rm -f "$dir/cg$calls".*
-  OXCCL_SOCKET_IFNAME=lo valgrind --tool=callgrind --trace-children=yes \
+  OXCCL_SOCKET_IFNAME=lo valgrind --tool=callgrind --trace-children=yes ${CALLGRIND_OPTS:-} \
     --callgrind-out-file="$dir/cg$calls.%p" "$bin" --np 1 -b 8 -e 8 -n "$calls" -w 10 -c 0 "$@" >/dev/null 2>&1
   complete() { grep -l '^totals:' "$dir/cg$calls".* 2>/dev/null || true; }
   for i in $(seq 100); do
