@@ -83,7 +83,9 @@ impl std::fmt::Debug for Communicator {
 pub(crate) struct BusyGuard<'a>(&'a AtomicBool);
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        // (a release store, a plain one on x86: whoever waits for quiescence polls the flag,
+        // and nothing this thread reads afterwards depends on the order)
+        self.0.store(false, Ordering::Release);
     }
 }
 

@@ -18,14 +18,6 @@ pub(crate) struct Record {
     pub(crate) failed: bool,
 }
 
-impl Record {
-    /// `run`'s entry from `start` on, not ended.
-    pub(super) fn begun(run: &crate::exec::OpRun<'_>, start: Instant) -> Record {
-        let (seq, fp, tag, sched) = (run.seq, run.fp, run.obs.tag, run.sched.clone());
-        Record { seq, fp, tag, sched, start, end: None, failed: false }
-    }
-}
-
 /// How many operations the flight recorder keeps per communicator.
 pub(crate) const RECORDS: usize = 64;
 
@@ -52,11 +44,21 @@ impl Book {
         }
     }
 
-    /// A new entry (the oldest goes when full).
-    pub(crate) fn push(&mut self, r: Record) {
-        if self.ops.len() == RECORDS {
-            self.ops.pop_front();
-        }
+    /// A new entry for `run`, from `start` on (`end`: already ended then, `failed` or not).
+    /// When full, the oldest entry is overwritten in place, and keeps its schedule when it is
+    /// `run`'s: a loop of the same call touches no reference count (no locked instruction).
+    pub(crate) fn push(&mut self, run: &crate::exec::OpRun<'_>, start: Instant, end: Option<Instant>, failed: bool) {
+        let (seq, fp, tag) = (run.seq, run.fp, run.obs.tag);
+        let oldest = (self.ops.len() == RECORDS).then(|| self.ops.pop_front()).flatten();
+        let r = match oldest {
+            Some(mut r) => {
+                if !Arc::ptr_eq(&r.sched, &run.sched) {
+                    r.sched = run.sched.clone();
+                }
+                Record { seq, fp, tag, start, end, failed, ..r }
+            }
+            None => Record { seq, fp, tag, sched: run.sched.clone(), start, end, failed },
+        };
         self.ops.push_back(r);
     }
 
@@ -82,7 +84,7 @@ impl Shared {
     pub(crate) fn record(&self, run: &mut crate::exec::OpRun<'_>) {
         if !run.obs.recorded {
             let start = run.obs.entered.unwrap_or_else(Instant::now);
-            self.recorder.lock().unwrap().push(Record::begun(run, start));
+            self.recorder.lock().unwrap().push(run, start, None, false);
             run.obs.recorded = true;
         }
     }
@@ -141,5 +143,46 @@ impl Shared {
         if let Err(err) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, record.to_json())) {
             tracing::warn!("oxccl: could not write the flight record {}: {err}", path.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RECORDS;
+    use crate::{Communicator, Config, ReduceOp};
+    use std::sync::Arc;
+
+    /// The last `RECORDS` calls, in order and ended; a full recorder overwrites its oldest
+    /// entry in place, keeping the schedule it shares with the call (no reference counted
+    /// per call) and taking the call's own when it differs.
+    #[test]
+    fn a_full_recorder_keeps_the_last_calls_and_shares_their_schedule() {
+        let c = &Communicator::init_all_with_config(1, Config::from_env()).unwrap()[0];
+        let mut x = [1f32; 4];
+        let counts = |c: &Communicator| {
+            let book = c.sh.recorder.lock().unwrap();
+            let seqs: Vec<u64> = book.ops.iter().map(|r| r.seq).collect();
+            let ended = book.ops.iter().all(|r| r.end.is_some() && !r.failed);
+            (seqs, ended, Arc::strong_count(&book.ops.back().unwrap().sched))
+        };
+        for _ in 0..RECORDS + 10 {
+            c.all_reduce_inplace(&mut x, ReduceOp::Sum).unwrap();
+        }
+        let (seqs, ended, refs) = counts(c);
+        assert_eq!(seqs, (10..RECORDS as u64 + 10).collect::<Vec<_>>());
+        assert!(ended);
+        for _ in 0..RECORDS {
+            c.all_reduce_inplace(&mut x, ReduceOp::Sum).unwrap();
+        }
+        assert_eq!(counts(c).2, refs, "the same schedule, as many holders");
+        // another call: its own schedule in the newest entry, one holder fewer of the old one
+        let old = c.sh.recorder.lock().unwrap().ops.back().unwrap().sched.clone();
+        let mut y = [1f32; 8];
+        c.all_reduce_inplace(&mut y, ReduceOp::Sum).unwrap();
+        let book = c.sh.recorder.lock().unwrap();
+        let newest = &book.ops.back().unwrap().sched;
+        assert!(!Arc::ptr_eq(newest, &old));
+        assert_eq!(book.ops.iter().filter(|r| Arc::ptr_eq(&r.sched, &old)).count(), RECORDS - 1);
+        assert_eq!(book.ops.back().unwrap().seq, 2 * RECORDS as u64 + 10);
     }
 }

@@ -37,11 +37,7 @@ impl Shared {
             match r.obs.recorded {
                 true => book.end(r.seq, r.fp, done, end),
                 // (a lone call that completed or failed in its quick polls is recorded only now)
-                false => book.push(super::recorder::Record {
-                    end: Some(end),
-                    failed: !done,
-                    ..super::recorder::Record::begun(r, r.obs.entered.unwrap_or(end))
-                }),
+                false => book.push(r, r.obs.entered.unwrap_or(end), Some(end), !done),
             }
             if !done {
                 book.counters.failed();
