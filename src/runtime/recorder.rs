@@ -50,16 +50,11 @@ impl Book {
     pub(crate) fn push(&mut self, run: &crate::exec::OpRun<'_>, start: Instant, end: Option<Instant>, failed: bool) {
         let (seq, fp, tag) = (run.seq, run.fp, run.obs.tag);
         let oldest = (self.ops.len() == RECORDS).then(|| self.ops.pop_front()).flatten();
-        let r = match oldest {
-            Some(mut r) => {
-                if !Arc::ptr_eq(&r.sched, &run.sched) {
-                    r.sched = run.sched.clone();
-                }
-                Record { seq, fp, tag, start, end, failed, ..r }
-            }
-            None => Record { seq, fp, tag, sched: run.sched.clone(), start, end, failed },
+        let sched = match oldest {
+            Some(r) if Arc::ptr_eq(&r.sched, &run.sched) => r.sched,
+            _ => run.sched.clone(),
         };
-        self.ops.push_back(r);
+        self.ops.push_back(Record { seq, fp, tag, sched, start, end, failed });
     }
 
     /// Operation `seq` ended (`done`: completed).
@@ -152,9 +147,8 @@ mod tests {
     use crate::{Communicator, Config, ReduceOp};
     use std::sync::Arc;
 
-    /// The last `RECORDS` calls, in order and ended; a full recorder overwrites its oldest
-    /// entry in place, keeping the schedule it shares with the call (no reference counted
-    /// per call) and taking the call's own when it differs.
+    /// A full recorder holds the last `RECORDS` calls, in order and ended; a loop of one call
+    /// keeps as many holders of its schedule, and another call's entry takes its own.
     #[test]
     fn a_full_recorder_keeps_the_last_calls_and_shares_their_schedule() {
         let c = &Communicator::init_all_with_config(1, Config::from_env()).unwrap()[0];
