@@ -9,7 +9,9 @@ use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod cores;
 mod unique_id;
+pub use cores::machine_cores;
 use unique_id::SERVERS;
 pub use unique_id::{UniqueId, UNIQUE_ID_BYTES};
 

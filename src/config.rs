@@ -10,8 +10,9 @@ pub struct Config {
     /// (seconds), default 600 s like PyTorch's NCCL default.
     pub timeout: Duration,
     /// How long a waiting rank busy-polls before it blocks in the kernel. `OXCCL_SPIN_US`;
-    /// default 50 µs, or 0 when the host is oversubscribed (more local ranks than cores), where
-    /// a spinning rank would steal the core of the peer it waits for. It is an upper bound: each
+    /// default 50 µs, or 0 when the host is oversubscribed (more local ranks than the cores
+    /// they may run on together, [`crate::bootstrap::machine_cores`]), where a spinning rank
+    /// would steal the core of the peer it waits for. It is an upper bound: each
     /// thread halves its spin after waits that outlast it and doubles it back after quick ones.
     pub spin: Option<Duration>,
     /// How long a waiting rank then yields its core before it blocks. `OXCCL_YIELD_US`; default

@@ -97,6 +97,7 @@ impl Communicator {
         let t0 = Instant::now();
         let ip = bootstrap::choose_ip(cfg.socket_ifname.as_deref(), rdv.root_ip).map_err(|e| e.with_rank(rank))?;
         let beacon = if cfg.beacon { crate::beacon::start(ip) } else { None };
+        let cpus = oxccl_transport::cpus::allowed();
         let me = PeerInfo {
             rank,
             host_id: bootstrap::host_id(&cfg),
@@ -105,6 +106,8 @@ impl Communicator {
             hostname: bootstrap::hostname(),
             ip,
             beacon: beacon.as_ref().map_or(0, |b| b.port),
+            cpu_quota: oxccl_transport::cpus::quota(&cpus),
+            cpus,
         };
         let peers = match bootstrap::exchange_info(&*rdv.store, &rdv.prefix, &me, nranks, cfg.timeout, cfg.wait_report)
         {
@@ -160,7 +163,8 @@ impl Communicator {
         if let Some(p) = &cfg.shm_placement {
             crate::config::parse_placement(p).map_err(|e| e.with_rank(rank))?;
         }
-        let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+        let parallel = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+        let cores = bootstrap::machine_cores(&peers, rank, parallel);
         // ranks on this machine's cores, whatever their network namespace (host id)
         let on_cores = peers.iter().filter(|p| p.machine == peers[rank].machine).count();
         let oversubscribed = on_cores > cores;

@@ -19,7 +19,12 @@ fn dead_pid() -> u32 {
 
 /// Rank 0 of 2 over a store of its own, rank 1 on this machine with the process `pid1`.
 fn pair_with(pid1: u32) -> (Communicator, Arc<MemStore>) {
-    let peer = |rank, pid| PeerInfo {
+    pair_on(pid1, [vec![], vec![]])
+}
+
+/// [`pair_with`], the ranks' processes allowed on `cpus`.
+fn pair_on(pid1: u32, cpus: [Vec<u32>; 2]) -> (Communicator, Arc<MemStore>) {
+    let peer = |rank: usize, pid| PeerInfo {
         rank,
         host_id: 1,
         pid,
@@ -27,6 +32,8 @@ fn pair_with(pid1: u32) -> (Communicator, Arc<MemStore>) {
         hostname: "here".into(),
         ip: std::net::Ipv4Addr::LOCALHOST.into(),
         beacon: 0,
+        cpus: cpus[rank].clone(),
+        cpu_quota: 0,
     };
     let store = MemStore::new();
     let peers = vec![peer(0, std::process::id()), peer(1, pid1)];
@@ -54,4 +61,15 @@ fn a_peer_that_died_without_publishing_is_named_at_once() {
     assert_eq!(e.cause, Some(Cause::PeerDied), "{e}");
     assert!(e.to_string().contains("rank 1 (pid") && e.to_string().contains("died"), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn ranks_bound_to_cores_of_their_own_are_not_oversubscribed() {
+    // each process sees one CPU; the machine's count is what the two of them share
+    let (c, _store) = pair_on(dead_pid(), [vec![0], vec![1]]);
+    assert_eq!(c.sh.spin, Duration::from_micros(50), "two ranks on two cores spin");
+    assert_eq!(c.sh.oversub, 1.0);
+    let (c, _store) = pair_on(dead_pid(), [vec![1], vec![1]]);
+    assert_eq!(c.sh.spin, Duration::ZERO, "two ranks on one core do not spin");
+    assert_eq!(c.sh.oversub, 2.0);
 }

@@ -35,6 +35,7 @@
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod cpus;
 mod error;
 pub mod fork;
 pub mod mem;
@@ -135,19 +136,25 @@ pub struct PeerInfo {
     /// TCP port on `ip` of the process's liveness beacon (0: none), which peers on other
     /// machines probe while they wait for this rank outside a data connection.
     pub beacon: u16,
+    /// The CPUs this rank's process may run on when it joined ([`cpus::allowed`], sorted;
+    /// empty: unknown). The ranks of one machine count the cores they share from these.
+    pub cpus: Vec<u32>,
+    /// Its CPU quota in whole CPUs where tighter than `cpus` ([`cpus::quota`]; 0: none known).
+    pub cpu_quota: u32,
 }
 
 impl PeerInfo {
     /// Encode as bytes for the bootstrap store.
     pub fn encode(&self) -> Vec<u8> {
         let (r, h, p, m) = (self.rank, self.host_id, self.pid, self.machine);
-        format!("{r}\t{h}\t{p}\t{m}\t{}\t{}\t{}", self.ip, self.beacon, self.hostname).into_bytes()
+        let (ip, b, c, q) = (self.ip, self.beacon, cpus::format_list(&self.cpus), self.cpu_quota);
+        format!("{r}\t{h}\t{p}\t{m}\t{ip}\t{b}\t{c}\t{q}\t{}", self.hostname).into_bytes()
     }
     /// Decode what [`PeerInfo::encode`] wrote.
     pub fn decode(b: &[u8]) -> Result<PeerInfo> {
         let bad = || Error::remote("malformed peer info in the bootstrap store");
         let s = std::str::from_utf8(b).map_err(|_| bad())?;
-        let mut it = s.splitn(7, '\t');
+        let mut it = s.splitn(9, '\t');
         let mut next = || it.next().ok_or_else(bad);
         Ok(PeerInfo {
             rank: next()?.parse().map_err(|_| bad())?,
@@ -156,6 +163,8 @@ impl PeerInfo {
             machine: next()?.parse().map_err(|_| bad())?,
             ip: next()?.parse().map_err(|_| bad())?,
             beacon: next()?.parse().map_err(|_| bad())?,
+            cpus: cpus::parse_list(next()?).ok_or_else(bad)?,
+            cpu_quota: next()?.parse().map_err(|_| bad())?,
             hostname: next()?.to_string(),
         })
     }
@@ -451,9 +460,15 @@ mod tests {
             hostname: "a\tb".into(),
             ip: "10.0.0.1".parse().unwrap(),
             beacon: 4242,
+            cpus: vec![0, 1, 2, 5],
+            cpu_quota: 2,
         };
         assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
+        let unknown = PeerInfo { cpus: vec![], cpu_quota: 0, ..p.clone() };
+        assert_eq!(PeerInfo::decode(&unknown.encode()).unwrap(), unknown);
         assert!(PeerInfo::decode(b"x\ty").is_err());
+        let bad_cpus = String::from_utf8(p.encode()).unwrap().replace("0-2,5", "2-0");
+        assert!(PeerInfo::decode(bad_cpus.as_bytes()).is_err(), "{bad_cpus}");
     }
 
     #[test]
